@@ -1,0 +1,412 @@
+//! The caches of all layers of one model, speculation transactions and whole-model snapshots.
+use candle_core::Tensor;
+
+use super::{Attend, CacheError, KvCache, KvSnapshot, RotatingKvCache, RotatingSnapshot};
+use crate::error::Result;
+
+/// The cache of one attention layer.
+#[derive(Debug)]
+pub enum LayerCache {
+    /// Full attention.
+    Kv(KvCache),
+    /// Sliding-window attention.
+    Rotating(RotatingKvCache),
+}
+
+/// The snapshot of one layer; its kind matches the layer's.
+#[derive(Debug)]
+pub enum LayerSnapshot {
+    /// Of a [`KvCache`].
+    Kv(KvSnapshot),
+    /// Of a [`RotatingKvCache`].
+    Rotating(RotatingSnapshot),
+}
+
+impl LayerCache {
+    /// Tokens seen by this layer.
+    pub fn offset(&self) -> usize {
+        match self {
+            LayerCache::Kv(c) => c.offset(),
+            LayerCache::Rotating(c) => c.offset(),
+        }
+    }
+
+    /// Appends `k`/`v` (`[b, h, q, d]`) and returns what attention needs (see [`Attend`]).
+    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<Attend> {
+        match self {
+            LayerCache::Kv(c) => c.append(k, v),
+            LayerCache::Rotating(c) => c.append(k, v),
+        }
+    }
+
+    /// K/V the next query sees of history, in logical order.
+    pub fn logical_kv(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match self {
+            LayerCache::Kv(c) => c.logical_kv(),
+            LayerCache::Rotating(c) => c.logical_kv(),
+        }
+    }
+
+    /// Bytes held by this layer's buffers.
+    pub fn allocated_bytes(&self) -> usize {
+        match self {
+            LayerCache::Kv(c) => c.allocated_bytes(),
+            LayerCache::Rotating(c) => c.allocated_bytes(),
+        }
+    }
+
+    fn deep_clone(&self) -> Result<Self> {
+        Ok(match self {
+            LayerCache::Kv(c) => LayerCache::Kv(c.deep_clone()?),
+            LayerCache::Rotating(c) => LayerCache::Rotating(c.deep_clone()?),
+        })
+    }
+
+    fn snapshot(&self, from: usize) -> Result<LayerSnapshot> {
+        Ok(match self {
+            LayerCache::Kv(c) => LayerSnapshot::Kv(c.snapshot(from)?),
+            LayerCache::Rotating(c) => LayerSnapshot::Rotating(c.snapshot(from)?),
+        })
+    }
+
+    fn check_restore(&self, snap: Option<&LayerSnapshot>, target: usize) -> Result<()> {
+        match (self, snap) {
+            (LayerCache::Kv(c), None) => c.check_restore(None, target),
+            (LayerCache::Kv(c), Some(LayerSnapshot::Kv(s))) => c.check_restore(Some(s), target),
+            (LayerCache::Rotating(c), None) => c.check_restore(None, target),
+            (LayerCache::Rotating(c), Some(LayerSnapshot::Rotating(s))) => {
+                c.check_restore(Some(s), target)
+            }
+            _ => Err(CacheError::KindMismatch(
+                "a KV snapshot for a rotating layer or the reverse".into(),
+            )
+            .into()),
+        }
+    }
+
+    fn restore(&mut self, snap: Option<&LayerSnapshot>, target: usize) -> Result<()> {
+        match (self, snap) {
+            (LayerCache::Kv(c), None) => c.restore(None, target),
+            (LayerCache::Kv(c), Some(LayerSnapshot::Kv(s))) => c.restore(Some(s), target),
+            (LayerCache::Rotating(c), None) => c.restore(None, target),
+            (LayerCache::Rotating(c), Some(LayerSnapshot::Rotating(s))) => {
+                c.restore(Some(s), target)
+            }
+            _ => Err(CacheError::KindMismatch("layer and snapshot kinds differ".into()).into()),
+        }
+    }
+
+    fn reset(&mut self) {
+        match self {
+            LayerCache::Kv(c) => c.reset(),
+            LayerCache::Rotating(c) => c.reset(),
+        }
+    }
+
+    fn begin(&mut self) {
+        match self {
+            LayerCache::Kv(c) => c.begin(),
+            LayerCache::Rotating(c) => c.begin(),
+        }
+    }
+
+    fn commit(&mut self, n: usize) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) => {
+                c.commit(n);
+                Ok(())
+            }
+            LayerCache::Rotating(c) => c.commit(n),
+        }
+    }
+
+    fn rollback(&mut self) {
+        match self {
+            LayerCache::Kv(c) => c.rollback(),
+            LayerCache::Rotating(c) => c.rollback(),
+        }
+    }
+}
+
+/// The per-sequence state of one model: one [`LayerCache`] per attention layer, all at the
+/// same offset between forwards.
+#[derive(Debug)]
+pub struct ModelCache {
+    layers: Vec<LayerCache>,
+    /// Offset when the open speculation began.
+    spec_base: Option<usize>,
+    /// Set when a commit failed half-way; every later operation is refused.
+    poisoned: bool,
+}
+
+/// A snapshot of every layer of a [`ModelCache`] for the range `[from, to)`.
+#[derive(Debug)]
+pub struct CacheSnapshot {
+    from: usize,
+    to: usize,
+    layers: Vec<LayerSnapshot>,
+}
+
+impl CacheSnapshot {
+    /// First position of the range.
+    pub fn from(&self) -> usize {
+        self.from
+    }
+
+    /// One past the last position of the range.
+    pub fn to(&self) -> usize {
+        self.to
+    }
+}
+
+/// Joins snapshots of `[a, b)` and `[b, c)` into `[a, c)` (rotating layers keep the child's
+/// window). Refused when they are not adjacent or their layers differ.
+pub fn merge(parent: &CacheSnapshot, child: &CacheSnapshot) -> Result<CacheSnapshot> {
+    if parent.to != child.from || parent.layers.len() != child.layers.len() {
+        return Err(CacheError::MergeRefused(format!(
+            "[{}, {}) with {} layers and [{}, {}) with {} layers",
+            parent.from,
+            parent.to,
+            parent.layers.len(),
+            child.from,
+            child.to,
+            child.layers.len()
+        ))
+        .into());
+    }
+    let layers = parent
+        .layers
+        .iter()
+        .zip(&child.layers)
+        .map(|pair| match pair {
+            (LayerSnapshot::Kv(a), LayerSnapshot::Kv(b)) => Ok(LayerSnapshot::Kv(a.merge(b)?)),
+            (LayerSnapshot::Rotating(a), LayerSnapshot::Rotating(b)) => {
+                Ok(LayerSnapshot::Rotating(a.merge(b)?))
+            }
+            _ => Err(CacheError::KindMismatch("merge of different layer kinds".into()).into()),
+        })
+        .collect::<Result<_>>()?;
+    Ok(CacheSnapshot {
+        from: parent.from,
+        to: child.to,
+        layers,
+    })
+}
+
+/// Splits a snapshot of `[a, c)` at `at` into `[a, at)` and `[at, c)`. Refused for models
+/// with rotating layers (a window cannot be cut) and for `at` outside the range.
+pub fn split(snapshot: &CacheSnapshot, at: usize) -> Result<(CacheSnapshot, CacheSnapshot)> {
+    let mut left = Vec::with_capacity(snapshot.layers.len());
+    let mut right = Vec::with_capacity(snapshot.layers.len());
+    for layer in &snapshot.layers {
+        match layer {
+            LayerSnapshot::Kv(s) => {
+                let (a, b) = s.split(at)?;
+                left.push(LayerSnapshot::Kv(a));
+                right.push(LayerSnapshot::Kv(b));
+            }
+            LayerSnapshot::Rotating(_) => {
+                return Err(CacheError::SplitRefused(
+                    "rotating layers hold a whole window, which cannot be cut".into(),
+                )
+                .into())
+            }
+        }
+    }
+    if at < snapshot.from || at > snapshot.to {
+        return Err(CacheError::SplitRefused(format!(
+            "{at} is outside [{}, {})",
+            snapshot.from, snapshot.to
+        ))
+        .into());
+    }
+    let part = |from, to, layers| CacheSnapshot { from, to, layers };
+    Ok((part(snapshot.from, at, left), part(at, snapshot.to, right)))
+}
+
+impl ModelCache {
+    /// A model's caches, one per layer, all empty.
+    pub fn new(layers: Vec<LayerCache>) -> Self {
+        Self {
+            layers,
+            spec_base: None,
+            poisoned: false,
+        }
+    }
+
+    /// Tokens seen: the absolute position of the next token (0 for a model without layers).
+    pub fn offset(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::offset)
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The layers, for inspection.
+    pub fn layers(&self) -> &[LayerCache] {
+        &self.layers
+    }
+
+    /// The cache of layer `i`, for a forward pass to append to. Refused after a failed commit.
+    pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerCache> {
+        if self.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
+        let n = self.layers.len();
+        self.layers
+            .get_mut(i)
+            .ok_or_else(|| CacheError::BadInput(format!("layer {i} of {n}")).into())
+    }
+
+    /// Bytes held by all layers.
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::allocated_bytes).sum()
+    }
+
+    /// Opens a speculation: until it is committed or dropped, nothing else can touch these
+    /// caches, and forwards through [`Speculation::cache`] append tentatively.
+    pub fn speculate(&mut self) -> Result<Speculation<'_>> {
+        self.check_idle()?;
+        let base = self.offset();
+        self.layers.iter_mut().for_each(LayerCache::begin);
+        self.spec_base = Some(base);
+        Ok(Speculation {
+            cache: self,
+            base,
+            open: true,
+        })
+    }
+
+    fn check_idle(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
+        if self.spec_base.is_some() {
+            return Err(CacheError::SpeculationOpen.into());
+        }
+        Ok(())
+    }
+
+    /// Owned copy of the state for `[from, offset)` (rotating layers: their whole window).
+    pub fn snapshot(&self, from: usize) -> Result<CacheSnapshot> {
+        self.check_idle()?;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.snapshot(from))
+            .collect::<Result<_>>()?;
+        Ok(CacheSnapshot {
+            from,
+            to: self.offset(),
+            layers,
+        })
+    }
+
+    /// Brings every layer to `target`, from `snapshot` or (with `None`) by rewinding the live
+    /// state. All-or-nothing: every layer is checked before any is changed.
+    pub fn restore(&mut self, snapshot: Option<&CacheSnapshot>, target: usize) -> Result<()> {
+        self.check_idle()?;
+        if let Some(s) = snapshot {
+            if s.layers.len() != self.layers.len() {
+                return Err(CacheError::KindMismatch(format!(
+                    "snapshot of {} layers for a cache of {}",
+                    s.layers.len(),
+                    self.layers.len()
+                ))
+                .into());
+            }
+        }
+        let snap_layer = |i: usize| snapshot.map(|s| &s.layers[i]);
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.check_restore(snap_layer(i), target)?;
+        }
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            if let Err(e) = layer.restore(snap_layer(i), target) {
+                self.poisoned = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties every layer (buffers are kept for reuse) and clears a poisoned state.
+    pub fn reset(&mut self) {
+        self.layers.iter_mut().for_each(LayerCache::reset);
+        self.spec_base = None;
+        self.poisoned = false;
+    }
+
+    /// An independent copy of every layer (the clone-and-truncate baseline; test probes).
+    pub fn deep_clone(&self) -> Result<Self> {
+        self.check_idle()?;
+        Ok(Self {
+            layers: self
+                .layers
+                .iter()
+                .map(LayerCache::deep_clone)
+                .collect::<Result<_>>()?,
+            spec_base: None,
+            poisoned: false,
+        })
+    }
+}
+
+/// A transaction over a [`ModelCache`]: forwards through [`Speculation::cache`] append K/V
+/// tentatively; [`Speculation::commit`] keeps the first `n` appended tokens; dropping it
+/// without a commit rolls every layer back to where it began.
+#[must_use = "a speculation rolls back when dropped; call commit to keep tokens"]
+#[derive(Debug)]
+pub struct Speculation<'a> {
+    cache: &'a mut ModelCache,
+    base: usize,
+    open: bool,
+}
+
+impl Speculation<'_> {
+    /// The caches, for the speculative forwards.
+    pub fn cache(&mut self) -> &mut ModelCache {
+        self.cache
+    }
+
+    /// Offset when the speculation began.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Tokens appended so far.
+    pub fn appended(&self) -> usize {
+        self.cache.offset() - self.base
+    }
+
+    /// Keeps exactly the first `n` appended tokens and closes the transaction. On error the
+    /// speculation is rolled back (and a cache whose write failed half-way is poisoned).
+    pub fn commit(mut self, n: usize) -> Result<()> {
+        let appended = self.appended();
+        if n > appended {
+            return Err(CacheError::CommitTooLong { n, appended }.into());
+        }
+        self.open = false;
+        self.cache.spec_base = None;
+        for i in 0..self.cache.layers.len() {
+            if let Err(e) = self.cache.layers[i].commit(n) {
+                self.cache.layers[i + 1..]
+                    .iter_mut()
+                    .for_each(LayerCache::rollback);
+                self.cache.poisoned = i > 0 || n > 0;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Speculation<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.cache.layers.iter_mut().for_each(LayerCache::rollback);
+            self.cache.spec_base = None;
+        }
+    }
+}

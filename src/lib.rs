@@ -1,0 +1,8 @@
+//! specdec: a speculative decoding research framework on candle.
+//!
+//! The heart is [`cache`]: transactional speculative KV caches (unbounded and sliding-window)
+//! with snapshot, restore, merge and split.
+pub mod cache;
+pub mod error;
+
+pub use error::{Error, Result};
