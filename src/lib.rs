@@ -6,3 +6,4 @@ pub mod cache;
 pub mod error;
 
 pub use error::{Error, Result};
+pub mod spec;

@@ -1,0 +1,78 @@
+//! What one generation records.
+use serde::{Deserialize, Serialize};
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An end-of-sequence token was produced (it is the last output token).
+    Eos,
+    /// `max_new_tokens` were produced.
+    MaxTokens,
+}
+
+/// Tokens and measurements of one generation (one prompt, one method).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRecord {
+    /// New tokens, the end-of-sequence token included when it stopped the generation.
+    pub output_ids: Vec<u32>,
+    /// Why it stopped (`None` only for an empty record).
+    pub stop_reason: Option<StopReason>,
+    /// Drafts accepted, per verification step.
+    pub accepted: Vec<usize>,
+    /// Drafts proposed, per verification step.
+    pub proposed: Vec<usize>,
+    /// `[i]`: steps in which draft position `i` was accepted.
+    pub accepted_at: Vec<usize>,
+    /// `[i]`: steps in which draft position `i` was proposed.
+    pub proposed_at: Vec<usize>,
+    /// Target forwards, prefill included.
+    pub target_forwards: usize,
+    /// Draft-model forwards (0 for model-free drafters), prefill included.
+    pub draft_forwards: usize,
+    /// Seconds in prefill of the target.
+    pub prefill_s: f64,
+    /// Seconds spent drafting (proposals and drafter commits).
+    pub draft_s: f64,
+    /// Seconds in target forwards after prefill, verification and target commits.
+    pub verify_s: f64,
+    /// Seconds for the whole generation.
+    pub wall_s: f64,
+}
+
+impl GenerationRecord {
+    /// New tokens produced.
+    pub fn new_tokens(&self) -> usize {
+        self.output_ids.len()
+    }
+
+    /// New tokens per second of wall time.
+    pub fn tokens_per_s(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            self.new_tokens() as f64 / self.wall_s
+        } else {
+            0.0
+        }
+    }
+
+    /// Seconds outside prefill, drafting and verification (sampling, bookkeeping).
+    pub fn other_s(&self) -> f64 {
+        (self.wall_s - self.prefill_s - self.draft_s - self.verify_s).max(0.0)
+    }
+
+    /// Records one verification step with `proposed` drafts of which `accepted` were kept.
+    pub(crate) fn record_step(&mut self, proposed: usize, accepted: usize) {
+        self.proposed.push(proposed);
+        self.accepted.push(accepted);
+        if self.proposed_at.len() < proposed {
+            self.proposed_at.resize(proposed, 0);
+            self.accepted_at.resize(proposed, 0);
+        }
+        for i in 0..proposed {
+            self.proposed_at[i] += 1;
+            if i < accepted {
+                self.accepted_at[i] += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The speculative decoding engine: drafters, lossless verification, decode loops, metrics.
+//!
+//! Protocol of one speculative step (chain drafting):
+//! 1. the drafter proposes up to γ tokens `d1..dγ` after the committed sequence;
+//! 2. the target runs ONE forward over `[last, d1..dγ]` inside a [`crate::cache::Speculation`];
+//! 3. verification accepts a prefix of `n` drafts and yields one more token (the correction,
+//!    or the bonus token when all were accepted);
+//! 4. the target commits `n + 1` appended tokens and the drafter commits its matching prefix.
+//!
+//! Invariant between steps: the target cache holds every committed token but the last one.
+
+mod decode;
+mod drafter;
+mod metrics;
+mod ngram;
+mod sampling;
+mod verify;
+
+use candle_core::Tensor;
+
+pub use decode::{autoregressive, speculative, GammaPolicy, GenParams};
+pub use drafter::{Draft, Drafter, ModelDrafter};
+pub use metrics::{GenerationRecord, StopReason};
+pub use ngram::NgramDrafter;
+pub use sampling::{argmax, sample, SamplingParams};
+pub use verify::{verify, Verdict};
+
+use crate::cache::{ModelCache, RotatingStrategy};
+use crate::error::Result;
+
+/// What the engine needs of a model: weights behind `&self`, per-sequence state in the cache.
+pub trait LanguageModel {
+    /// Logits `[tokens.len(), vocab]` (f32) for every input position; appends to `cache`.
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor>;
+    /// Empty caches for one sequence, rotating layers using `strategy`.
+    fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache>;
+    /// Size of the output distribution.
+    fn vocab_size(&self) -> usize;
+    /// Tokens that end a sequence.
+    fn eos_token_ids(&self) -> &[u32];
+}
