@@ -239,9 +239,9 @@ impl KvCache {
 
     /// Bytes held by the buffers.
     pub fn allocated_bytes(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| {
-            2 * b.k.elem_count() * b.k.dtype().size_in_bytes()
-        })
+        self.buf
+            .as_ref()
+            .map_or(0, |b| 2 * b.k.elem_count() * b.k.dtype().size_in_bytes())
     }
 
     // --- speculation (driven by `Speculation`) ---

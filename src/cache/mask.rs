@@ -18,9 +18,7 @@ pub fn visibility_mask(
         None => false,
         Some(k) => k <= q && window.is_none_or(|w| k + w > q),
     };
-    let all_visible = queries
-        .clone()
-        .all(|q| keys.iter().all(|&k| visible(q, k)));
+    let all_visible = queries.clone().all(|q| keys.iter().all(|&k| visible(q, k)));
     if all_visible {
         return Ok(None);
     }

@@ -83,10 +83,7 @@ impl RotatingSnapshot {
             to: child.to,
             window: child.window,
             data_start: child.data_start,
-            data: child
-                .data
-                .as_ref()
-                .map(|(k, v)| (k.clone(), v.clone())),
+            data: child.data.as_ref().map(|(k, v)| (k.clone(), v.clone())),
         })
     }
 }
@@ -194,11 +191,21 @@ impl RotatingKvCache {
         let cap = self.capacity;
         let ring = self.ring.as_ref().ok_or_else(no_ring)?;
         let (len, keys): (usize, Vec<Option<usize>>) = if end <= cap {
-            (end, (0..end).map(|p| Some(p).filter(|&p| p >= held_lo)).collect())
+            (
+                end,
+                (0..end)
+                    .map(|p| Some(p).filter(|&p| p >= held_lo))
+                    .collect(),
+            )
         } else {
             let last = end - 1;
             let pos = |s: usize| last - (last + cap - s) % cap;
-            (cap, (0..cap).map(|s| Some(pos(s)).filter(|&p| p >= held_lo)).collect())
+            (
+                cap,
+                (0..cap)
+                    .map(|s| Some(pos(s)).filter(|&p| p >= held_lo))
+                    .collect(),
+            )
         };
         let (k_all, v_all) = ring.view(0, len)?;
         let mask = visibility_mask(start..end, &keys, Some(self.window), k.device())?;
@@ -279,14 +286,25 @@ impl RotatingKvCache {
         if p0 > self.ring_end() {
             self.lo = p0;
         }
-        let (k, v) = (k.narrow(2, p0 - first, end - p0)?, v.narrow(2, p0 - first, end - p0)?);
+        let (k, v) = (
+            k.narrow(2, p0 - first, end - p0)?,
+            v.narrow(2, p0 - first, end - p0)?,
+        );
         let ring = self.ring.as_ref().ok_or_else(no_ring)?;
         let slot = p0 % self.capacity;
         let first_len = (end - p0).min(self.capacity - slot);
-        ring.write(slot, &k.narrow(2, 0, first_len)?, &v.narrow(2, 0, first_len)?)?;
+        ring.write(
+            slot,
+            &k.narrow(2, 0, first_len)?,
+            &v.narrow(2, 0, first_len)?,
+        )?;
         if first_len < end - p0 {
             let rest = end - p0 - first_len;
-            ring.write(0, &k.narrow(2, first_len, rest)?, &v.narrow(2, first_len, rest)?)?;
+            ring.write(
+                0,
+                &k.narrow(2, first_len, rest)?,
+                &v.narrow(2, first_len, rest)?,
+            )?;
         }
         Ok(())
     }
@@ -369,7 +387,10 @@ impl RotatingKvCache {
                 if let Some((k, v)) = &snap.data {
                     if target > start {
                         let skip = start - snap.data_start;
-                        let (k, v) = (k.narrow(2, skip, target - start)?, v.narrow(2, skip, target - start)?);
+                        let (k, v) = (
+                            k.narrow(2, skip, target - start)?,
+                            v.narrow(2, skip, target - start)?,
+                        );
                         self.ensure_ring(&k)?;
                         self.store(&k, &v, start)?;
                     }

@@ -1,0 +1,368 @@
+//! Property test of the cache layer's invariant: after any sequence of updates, speculations
+//! (any commit count, or a drop), snapshots, restores, merges and splits, what attention sees
+//! — the K/V of the window in logical order, and the output of attention over what the cache
+//! returns with its mask — equals a cache freshly prefilled with the same committed tokens.
+//! Run for KV caches and both rotating strategies, with windows small enough that the rings
+//! wrap many times.
+use candle_core::{Device, Tensor};
+use proptest::prelude::*;
+use specdec::cache::{
+    merge, split, Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache,
+    RotatingKvCache, RotatingStrategy,
+};
+use specdec::Error;
+
+const HEAD_DIM: usize = 2;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Kv { step: usize },
+    Staged { window: usize },
+    Slack { window: usize, max_draft: usize },
+}
+
+impl Kind {
+    fn new_cache(self) -> ModelCache {
+        let layer = match self {
+            Kind::Kv { step } => LayerCache::Kv(KvCache::new(step)),
+            Kind::Staged { window } => LayerCache::Rotating(
+                RotatingKvCache::new(window, RotatingStrategy::Staged).unwrap(),
+            ),
+            Kind::Slack { window, max_draft } => LayerCache::Rotating(
+                RotatingKvCache::new(window, RotatingStrategy::Slack { max_draft }).unwrap(),
+            ),
+        };
+        ModelCache::new(vec![layer])
+    }
+
+    /// The most tokens one speculation may append.
+    fn max_spec(self) -> usize {
+        match self {
+            Kind::Slack { max_draft, .. } => max_draft + 2,
+            _ => usize::MAX,
+        }
+    }
+
+    fn rotating(self) -> bool {
+        !matches!(self, Kind::Kv { .. })
+    }
+}
+
+/// K/V of tokens (ids) at positions `[from, from + n)`: K depends on id and position, V too.
+fn kv(tokens: &[u8], from: usize) -> (Tensor, Tensor) {
+    let n = tokens.len();
+    let mut k = Vec::with_capacity(n * HEAD_DIM);
+    let mut v = Vec::with_capacity(n * HEAD_DIM);
+    for (i, &t) in tokens.iter().enumerate() {
+        let p = (from + i) as f32;
+        k.extend([t as f32 * 0.05, p * 0.01]);
+        v.extend([t as f32, p]);
+    }
+    let dev = Device::Cpu;
+    (
+        Tensor::from_vec(k, (1, 1, n, HEAD_DIM), &dev).unwrap(),
+        Tensor::from_vec(v, (1, 1, n, HEAD_DIM), &dev).unwrap(),
+    )
+}
+
+fn append(cache: &mut ModelCache, tokens: &[u8]) -> Attend {
+    let (k, v) = kv(tokens, cache.offset());
+    cache.layer_mut(0).unwrap().append(&k, &v).unwrap()
+}
+
+/// softmax(q kᵀ + mask) v for fixed queries, one per new token: `[q_len * HEAD_DIM]`.
+fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
+    let q: Vec<f32> = (0..q_len * HEAD_DIM)
+        .map(|i| 1.0 + i as f32 * 0.3)
+        .collect();
+    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
+    let k = a.k.contiguous().unwrap();
+    let v = a.v.contiguous().unwrap();
+    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
+    if let Some(m) = &a.mask {
+        scores = scores.broadcast_add(m).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    p.matmul(&v)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
+    let mut c = kind.new_cache();
+    if !tokens.is_empty() {
+        append(&mut c, tokens);
+    }
+    c
+}
+
+fn logical(c: &ModelCache) -> Option<(Vec<f32>, Vec<f32>)> {
+    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    c.layers()[0]
+        .logical_kv()
+        .unwrap()
+        .map(|(k, v)| (flat(k), flat(v)))
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+}
+
+/// The invariant: `cache` and a fresh prefill of `committed` look the same to attention.
+fn check_equivalent(kind: Kind, cache: &ModelCache, committed: &[u8], probe: &[u8]) {
+    assert_eq!(cache.offset(), committed.len(), "offset");
+    let reference = fresh(kind, committed);
+    assert_eq!(logical(cache), logical(&reference), "logical window K/V");
+    let mut a = cache.deep_clone().unwrap();
+    let mut b = reference;
+    let (ra, rb) = (append(&mut a, probe), append(&mut b, probe));
+    assert!(
+        close(&attend(&ra, probe.len()), &attend(&rb, probe.len())),
+        "probe attention"
+    );
+}
+
+/// A snapshot and the model of its contents: the tokens of `[from, to)` and, for rotating
+/// caches, the whole committed history at `to` (its window is what it restores).
+struct Snap {
+    snap: CacheSnapshot,
+    tokens: Vec<u8>,
+    history: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Append(Vec<u8>),
+    /// Appends inside one speculation, then commit `commit % (total + 1)` or drop.
+    Speculate {
+        chunks: Vec<Vec<u8>>,
+        commit: Option<usize>,
+    },
+    /// Snapshot from 0, from the offset, or from the end of an earlier snapshot.
+    Snapshot(usize),
+    Restore {
+        snap: Option<usize>,
+        back: usize,
+    },
+    Merge(usize, usize),
+    Split(usize, usize),
+}
+
+fn tokens(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(0u8..50, 1..=max)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => tokens(6).prop_map(Op::Append),
+        4 => (prop::collection::vec(tokens(3), 1..4), prop::option::weighted(0.8, 0usize..100))
+            .prop_map(|(chunks, commit)| Op::Speculate { chunks, commit }),
+        2 => (0usize..100).prop_map(Op::Snapshot),
+        2 => (prop::option::of(0usize..100), 0usize..6)
+            .prop_map(|(snap, back)| Op::Restore { snap, back }),
+        1 => (0usize..100, 0usize..100).prop_map(|(a, b)| Op::Merge(a, b)),
+        1 => (0usize..100, 0usize..100).prop_map(|(a, b)| Op::Split(a, b)),
+    ]
+}
+
+fn speculate(
+    kind: Kind,
+    cache: &mut ModelCache,
+    committed: &mut Vec<u8>,
+    chunks: &[Vec<u8>],
+    commit: Option<usize>,
+) {
+    let mut appended: Vec<u8> = Vec::new();
+    let mut spec = cache.speculate().unwrap();
+    for chunk in chunks {
+        if appended.len() + chunk.len() > kind.max_spec() {
+            let err = append_result(spec.cache(), chunk);
+            assert!(matches!(
+                err,
+                Err(Error::Cache(CacheError::SpeculationTooLong { .. }))
+            ));
+            break;
+        }
+        let a = append(spec.cache(), chunk);
+        // Inside the speculation attention sees history + everything appended so far.
+        let mut all = committed.clone();
+        all.extend(&appended);
+        let mut reference = fresh(kind, &all);
+        let r = append(&mut reference, chunk);
+        assert!(
+            close(&attend(&a, chunk.len()), &attend(&r, chunk.len())),
+            "speculative attention"
+        );
+        appended.extend(chunk);
+    }
+    match commit {
+        Some(c) => {
+            let n = c % (appended.len() + 1);
+            spec.commit(n).unwrap();
+            committed.extend(&appended[..n]);
+        }
+        None => drop(spec),
+    }
+}
+
+fn append_result(cache: &mut ModelCache, tokens: &[u8]) -> specdec::Result<Attend> {
+    let (k, v) = kv(tokens, cache.offset());
+    cache.layer_mut(0)?.append(&k, &v)
+}
+
+fn restore(
+    kind: Kind,
+    cache: &mut ModelCache,
+    committed: &mut Vec<u8>,
+    snaps: &[Snap],
+    snap: Option<usize>,
+    back: usize,
+) {
+    let before = logical(cache);
+    match snap.and_then(|i| snaps.get(i % snaps.len().max(1))) {
+        None => {
+            let target = committed.len().saturating_sub(back);
+            match cache.restore(None, target) {
+                Ok(()) => committed.truncate(target),
+                Err(Error::Cache(CacheError::Unreachable { .. })) => {
+                    assert!(kind.rotating(), "a KV cache can always rewind");
+                    assert_eq!(logical(cache), before, "refusal changed the cache");
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        Some(s) => {
+            let target = s.snap.to().saturating_sub(back).max(s.snap.from());
+            match cache.restore(Some(&s.snap), target) {
+                Ok(()) if kind.rotating() => *committed = s.history[..target].to_vec(),
+                Ok(()) => {
+                    committed.truncate(s.snap.from());
+                    committed.extend(&s.tokens[..target - s.snap.from()]);
+                }
+                Err(Error::Cache(CacheError::Unreachable { .. })) => {
+                    let kv_reachable = !kind.rotating() && s.snap.from() <= committed.len();
+                    assert!(!kv_reachable, "KV restore refused though reachable");
+                    assert_eq!(logical(cache), before, "refusal changed the cache");
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+    }
+}
+
+fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
+    let mut cache = kind.new_cache();
+    let mut committed: Vec<u8> = Vec::new();
+    let mut snaps: Vec<Snap> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Append(t) => {
+                append(&mut cache, &t);
+                committed.extend(&t);
+            }
+            Op::Speculate { chunks, commit } => {
+                speculate(kind, &mut cache, &mut committed, &chunks, commit)
+            }
+            Op::Snapshot(choice) => {
+                let from = match choice % 3 {
+                    0 => 0,
+                    1 => committed.len(),
+                    _ => snaps
+                        .get(choice % snaps.len().max(1))
+                        .map_or(0, |s| s.snap.to())
+                        .min(committed.len()),
+                };
+                let snap = cache.snapshot(from).unwrap();
+                assert_eq!((snap.from(), snap.to()), (from, committed.len()));
+                snaps.push(Snap {
+                    snap,
+                    tokens: committed[from..].to_vec(),
+                    history: committed.clone(),
+                });
+            }
+            Op::Restore { snap, back } => {
+                restore(kind, &mut cache, &mut committed, &snaps, snap, back)
+            }
+            Op::Merge(a, b) if !snaps.is_empty() => {
+                let (a, b) = (&snaps[a % snaps.len()], &snaps[b % snaps.len()]);
+                match merge(&a.snap, &b.snap) {
+                    Ok(m) => {
+                        let mut tokens = a.tokens.clone();
+                        tokens.extend(&b.tokens);
+                        let history = b.history.clone();
+                        snaps.push(Snap {
+                            snap: m,
+                            tokens,
+                            history,
+                        });
+                    }
+                    Err(_) => assert_ne!(a.snap.to(), b.snap.from(), "adjacent merge refused"),
+                }
+            }
+            Op::Split(i, at) if !snaps.is_empty() => {
+                let s = &snaps[i % snaps.len()];
+                let at = s.snap.from() + at % (s.snap.to() - s.snap.from() + 1);
+                match split(&s.snap, at) {
+                    Ok((l, r)) => {
+                        assert!(!kind.rotating(), "rotating split must be refused");
+                        let cut = at - s.snap.from();
+                        let (lt, rt) = (s.tokens[..cut].to_vec(), s.tokens[cut..].to_vec());
+                        let history = s.history.clone();
+                        let left = Snap {
+                            snap: l,
+                            tokens: lt,
+                            history: history.clone(),
+                        };
+                        snaps.push(left);
+                        snaps.push(Snap {
+                            snap: r,
+                            tokens: rt,
+                            history,
+                        });
+                    }
+                    Err(e) => {
+                        assert!(kind.rotating(), "KV split refused: {e}");
+                        assert!(matches!(e, Error::Cache(CacheError::SplitRefused(_))));
+                    }
+                }
+            }
+            Op::Merge(..) | Op::Split(..) => {}
+        }
+        check_equivalent(kind, &cache, &committed, &probe);
+    }
+}
+
+fn kind_kv() -> impl Strategy<Value = Kind> {
+    (1usize..5).prop_map(|step| Kind::Kv { step })
+}
+fn kind_staged() -> impl Strategy<Value = Kind> {
+    (1usize..7).prop_map(|window| Kind::Staged { window })
+}
+fn kind_slack() -> impl Strategy<Value = Kind> {
+    (1usize..7, 0usize..5).prop_map(|(window, max_draft)| Kind::Slack { window, max_draft })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn kv_cache_matches_fresh_prefill(kind in kind_kv(), ops in prop::collection::vec(op(), 1..40), probe in tokens(3)) {
+        run(kind, ops, probe);
+    }
+
+    #[test]
+    fn staged_rotating_cache_matches_fresh_prefill(kind in kind_staged(), ops in prop::collection::vec(op(), 1..40), probe in tokens(3)) {
+        run(kind, ops, probe);
+    }
+
+    #[test]
+    fn slack_rotating_cache_matches_fresh_prefill(kind in kind_slack(), ops in prop::collection::vec(op(), 1..40), probe in tokens(3)) {
+        run(kind, ops, probe);
+    }
+}
