@@ -4,6 +4,8 @@
 //! with snapshot, restore, merge and split.
 pub mod cache;
 pub mod error;
+pub mod models;
+pub mod nn;
 
 pub use error::{Error, Result};
 pub mod spec;

@@ -1,0 +1,317 @@
+//! Hugging Face checkpoints: a model directory (`config.json`, `model.safetensors` or shards
+//! with `model.safetensors.index.json`, `tokenizer.json`, optional `generation_config.json`)
+//! loaded into the shared [`crate::nn::Decoder`]. Each architecture file only turns its config
+//! into a [`DecoderSpec`].
+
+mod base;
+mod config;
+mod gemma3;
+mod llama;
+mod mistral;
+mod qwen2;
+mod qwen3;
+
+use std::path::Path;
+use std::str::FromStr;
+
+use candle_core::{DType, Device, Tensor};
+
+pub use config::HfConfig;
+
+use crate::cache::{ModelCache, RotatingStrategy};
+use crate::error::{Error, Result};
+use crate::nn::{Decoder, DecoderSpec, LayerKind, Weights};
+
+/// `model_type` values [`Model::load`] accepts.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "gemma3",
+];
+
+/// The compute dtype to load weights in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DTypeChoice {
+    /// f32 on the CPU (candle's CPU bf16 matmul is very slow), the checkpoint's dtype on
+    /// CUDA and Metal.
+    #[default]
+    Auto,
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    BF16,
+    /// IEEE half precision.
+    F16,
+}
+
+impl FromStr for DTypeChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DTypeChoice::Auto),
+            "f32" | "float32" => Ok(DTypeChoice::F32),
+            "bf16" | "bfloat16" => Ok(DTypeChoice::BF16),
+            "f16" | "float16" => Ok(DTypeChoice::F16),
+            other => Err(Error::invalid(format!(
+                "unknown dtype `{other}` (expected auto, f32, bf16 or f16)"
+            ))),
+        }
+    }
+}
+
+/// Where and how to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// The device weights live on and forwards run on.
+    pub device: Device,
+    /// The compute dtype.
+    pub dtype: DTypeChoice,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            dtype: DTypeChoice::Auto,
+        }
+    }
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// The config's `model_type` (`"llama"`, `"gemma3_text"`, ...).
+    pub arch: String,
+    /// Size of the output distribution.
+    pub vocab_size: usize,
+    /// Transformer layers.
+    pub num_layers: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Tokens ending a sequence: the union of `config.json` and `generation_config.json`.
+    pub eos_token_ids: Vec<u32>,
+    /// The widest sliding window of any layer; `None` when every layer attends fully.
+    pub sliding_window: Option<usize>,
+    /// The span of each layer.
+    pub layer_kinds: Vec<LayerKind>,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// Parameters (tied embeddings counted once).
+    pub param_count: usize,
+}
+
+/// A loaded causal language model: weights only (`&self`); per-sequence state is the
+/// [`ModelCache`] passed to [`Model::forward`].
+#[derive(Debug)]
+pub struct Model {
+    decoder: Decoder,
+    info: ModelInfo,
+    device: Device,
+}
+
+impl Model {
+    /// Loads the checkpoint in `dir`. Errors name the file and the key or tensor at fault.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        if !dir.is_dir() {
+            let e = std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found");
+            return Err(Error::io(dir, e));
+        }
+        let cfg = HfConfig::read(&dir.join("config.json"))?;
+        let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
+        let weights = Weights::open(dir, &opts.device, DType::F32)?;
+        if arch == "gemma3" {
+            spec.prefix = multimodal_prefix(dir, &weights)?;
+        }
+        let stored = weights.stored_dtype(&format!("{}embed_tokens.weight", spec.prefix));
+        let dtype = resolve_dtype(opts, stored, &text_cfg)?;
+        let weights = weights.with_dtype(dtype);
+        let decoder = Decoder::load(&spec, &weights)?;
+        let info = ModelInfo {
+            arch,
+            vocab_size: spec.vocab_size,
+            num_layers: spec.layers.len(),
+            hidden_size: spec.hidden_size,
+            eos_token_ids: eos_token_ids(dir, &cfg, &text_cfg)?,
+            sliding_window: spec
+                .layers
+                .iter()
+                .filter_map(|k| match k {
+                    LayerKind::Sliding { window } => Some(*window),
+                    LayerKind::Full => None,
+                })
+                .max(),
+            layer_kinds: spec.layers.clone(),
+            dtype,
+            param_count: decoder.param_count(),
+        };
+        Ok(Model {
+            decoder,
+            info,
+            device: opts.device.clone(),
+        })
+    }
+
+    /// Logits for EVERY input position: f32 `[tokens.len(), vocab_size]` on the model's
+    /// device. Positions start at `cache.offset()`; every layer's cache grows by
+    /// `tokens.len()` (inside a `Speculation`, pass `spec.cache()`).
+    pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.decoder.forward(tokens, cache)
+    }
+
+    /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
+    /// `RotatingKvCache::new(window, strategy)` per sliding one.
+    pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
+        self.decoder.new_cache(strategy)
+    }
+
+    /// What this model is.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The device weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl crate::spec::LanguageModel for Model {
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        Model::forward(self, tokens, cache)
+    }
+
+    fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
+        Model::new_cache(self, strategy)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.info.vocab_size
+    }
+
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.info.eos_token_ids
+    }
+}
+
+/// The architecture named by `model_type`, its decoder spec, and the config object the text
+/// model reads (the nested `text_config` of a multimodal Gemma 3).
+fn arch_spec(cfg: &HfConfig) -> Result<(String, DecoderSpec, HfConfig)> {
+    let model_type = cfg
+        .str("model_type")?
+        .ok_or_else(|| cfg.error("model_type", "missing"))?
+        .to_string();
+    let spec = match model_type.as_str() {
+        "llama" => llama::spec(cfg)?,
+        "mistral" => mistral::spec(cfg)?,
+        "qwen2" => qwen2::spec(cfg)?,
+        "qwen3" => qwen3::spec(cfg)?,
+        "gemma3_text" => gemma3::spec(cfg)?,
+        "gemma3" => {
+            let text = cfg.nested("text_config")?.ok_or_else(|| {
+                cfg.error(
+                    "text_config",
+                    "missing (a multimodal gemma3 config nests the text model there)",
+                )
+            })?;
+            return Ok((model_type, gemma3::spec(&text)?, text));
+        }
+        other => {
+            return Err(cfg.error(
+                "model_type",
+                format!(
+                    "unsupported model type `{other}` (supported: {})",
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                ),
+            ))
+        }
+    };
+    Ok((model_type, spec, cfg.clone()))
+}
+
+/// Where a multimodal Gemma 3 checkpoint keeps its text decoder.
+fn multimodal_prefix(dir: &Path, weights: &Weights) -> Result<String> {
+    const CANDIDATES: [&str; 3] = ["language_model.model.", "model.language_model.", "model."];
+    CANDIDATES
+        .iter()
+        .find(|p| weights.contains(&format!("{p}embed_tokens.weight")))
+        .map(|p| p.to_string())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: multimodal gemma3 checkpoint without a text decoder: none of {} found",
+                dir.display(),
+                CANDIDATES
+                    .map(|p| format!("`{p}embed_tokens.weight`"))
+                    .join(", ")
+            ))
+        })
+}
+
+/// The compute dtype: `Auto` is f32 on the CPU, else the stored dtype of the embedding
+/// (falling back to the config's `dtype`/`torch_dtype`). Refused when the device cannot
+/// multiply matrices of that dtype.
+fn resolve_dtype(opts: &LoadOptions, stored: Option<DType>, cfg: &HfConfig) -> Result<DType> {
+    let dtype = match opts.dtype {
+        DTypeChoice::F32 => DType::F32,
+        DTypeChoice::BF16 => DType::BF16,
+        DTypeChoice::F16 => DType::F16,
+        DTypeChoice::Auto if opts.device.is_cpu() => DType::F32,
+        DTypeChoice::Auto => match stored {
+            Some(dt @ (DType::F32 | DType::BF16 | DType::F16)) => dt,
+            _ => config_dtype(cfg)?.unwrap_or(DType::F32),
+        },
+    };
+    let probe = || -> candle_core::Result<Tensor> {
+        let a = Tensor::ones((2, 2), dtype, &opts.device)?;
+        a.matmul(&a)
+    };
+    probe().map_err(|e| {
+        Error::invalid(format!(
+            "dtype {dtype:?} cannot run on {:?}: {e}",
+            opts.device.location()
+        ))
+    })?;
+    Ok(dtype)
+}
+
+/// `dtype` (5.x) or `torch_dtype` (4.x), when it names a float type.
+fn config_dtype(cfg: &HfConfig) -> Result<Option<DType>> {
+    let name = match cfg.str("dtype")? {
+        Some(name) => Some(name),
+        None => cfg.str("torch_dtype")?,
+    };
+    Ok(match name {
+        Some("bfloat16") => Some(DType::BF16),
+        Some("float16") => Some(DType::F16),
+        Some("float32") => Some(DType::F32),
+        _ => None,
+    })
+}
+
+/// End-of-sequence ids: `eos_token_id` of `config.json` (top level and the text config) and of
+/// `generation_config.json` when present, each an int or a list; their union, in order.
+fn eos_token_ids(dir: &Path, cfg: &HfConfig, text_cfg: &HfConfig) -> Result<Vec<u32>> {
+    let mut ids = cfg.token_ids("eos_token_id")?;
+    ids.extend(text_cfg.token_ids("eos_token_id")?);
+    let generation = dir.join("generation_config.json");
+    if generation.is_file() {
+        ids.extend(HfConfig::read(&generation)?.token_ids("eos_token_id")?);
+    }
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|id| seen.insert(*id));
+    Ok(ids)
+}
+
+/// Loads `dir/tokenizer.json`; errors name the file.
+pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    if !path.is_file() {
+        let e = std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer.json not found");
+        return Err(Error::io(path, e));
+    }
+    tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))
+}

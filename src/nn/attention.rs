@@ -1,0 +1,152 @@
+//! The one attention implementation: fused q/k/v projection, optional per-head q/k RMSNorm,
+//! RoPE, grouped-query attention over what the layer's cache returns, optional logit
+//! softcapping, output projection.
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+
+use super::{Linear, RmsNorm, Rope};
+use crate::cache::LayerCache;
+use crate::error::{Error, Result};
+
+/// Head geometry of one attention layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeadShape {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (divides `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// Weights of one attention layer. The softmax scale is folded into the query projection
+/// (or into the q norm's weight when there is one) at load, so a forward does not rescale.
+#[derive(Debug)]
+pub struct Attention {
+    /// `[(heads + 2 kv_heads) * head_dim, hidden]`: q, k and v projections stacked.
+    qkv: Linear,
+    /// `[hidden, heads * head_dim]`.
+    o: Linear,
+    /// Per-head RMSNorm of queries and keys (Qwen3, Gemma 3), applied before RoPE.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    rope: Arc<Rope>,
+    shape: HeadShape,
+    /// `tanh` softcap of attention logits (Gemma 2 style), when set.
+    softcap: Option<f64>,
+}
+
+/// The parts an [`Attention`] is built from.
+#[derive(Debug)]
+pub struct AttentionParts {
+    /// q, k and v projections, in that order; q already multiplied by the softmax scale
+    /// unless `qk_norm` carries it.
+    pub qkv: [Linear; 3],
+    /// Output projection.
+    pub o: Linear,
+    /// q and k norms (q's weight already multiplied by the softmax scale).
+    pub qk_norm: Option<(RmsNorm, RmsNorm)>,
+    /// The rotary embedding of this layer's kind.
+    pub rope: Arc<Rope>,
+    /// Head geometry.
+    pub shape: HeadShape,
+    /// Attention logit softcap.
+    pub softcap: Option<f64>,
+}
+
+impl Attention {
+    /// Fuses the projections.
+    pub fn new(parts: AttentionParts) -> Result<Self> {
+        let HeadShape {
+            num_heads,
+            num_kv_heads,
+            ..
+        } = parts.shape;
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+            )));
+        }
+        let [q, k, v] = parts.qkv;
+        Ok(Self {
+            qkv: Linear::stacked(vec![q, k, v])?,
+            o: parts.o,
+            qk_norm: parts.qk_norm,
+            rope: parts.rope,
+            shape: parts.shape,
+            softcap: parts.softcap,
+        })
+    }
+
+    /// Parameters held.
+    pub fn param_count(&self) -> usize {
+        let norms = self
+            .qk_norm
+            .as_ref()
+            .map_or(0, |(q, k)| q.param_count() + k.param_count());
+        self.qkv.param_count() + self.o.param_count() + norms
+    }
+
+    /// `x: [t, hidden]` at positions `[offset, offset + t)`; appends this layer's K/V to
+    /// `cache` and returns `[t, hidden]`.
+    pub fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = self.shape;
+        let t = x.dim(0)?;
+        let qkv = self.qkv.forward(x)?;
+        let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
+        let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
+        let v = qkv.narrow(1, (h + kv) * d, kv * d)?.reshape((t, kv, d))?;
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            None => (q, k),
+        };
+        // [t, heads, d] -> [1, heads, t, d]
+        let heads_first =
+            |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
+        let (q, k) = self
+            .rope
+            .apply(&heads_first(q)?, &heads_first(k)?, offset)?;
+        let v = v.transpose(0, 1)?.unsqueeze(0)?;
+        let attend = cache.append(&k, &v)?;
+        let out = self.attend(&q, &attend.k, &attend.v, attend.mask.as_ref())?;
+        // [1, heads, t, d] -> [t, heads * d]
+        let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?;
+        self.o.forward(&out)
+    }
+
+    /// Softmax attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` (possibly strided
+    /// views) with an additive `mask: [t, L]`. Grouped heads share K/V without copying them:
+    /// the `h / kv` query heads of a group are stacked as rows of one `[g * t, d]` matrix.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = self.shape;
+        let t = q.dim(2)?;
+        let len = k.dim(2)?;
+        let g = h / kv;
+        let q = q.reshape((1, kv, g * t, d))?;
+        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g t, L]
+        if let Some(cap) = self.softcap {
+            scores = ((scores / cap)?.tanh()? * cap)?;
+        }
+        if let Some(mask) = mask {
+            let mask = mask.to_dtype(scores.dtype())?;
+            scores = scores.reshape((kv, g, t, len))?.broadcast_add(&mask)?;
+        }
+        let dtype = scores.dtype();
+        let probs = match dtype {
+            DType::F32 | DType::F64 => candle_nn::ops::softmax_last_dim(&scores)?,
+            _ => {
+                candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dtype)?
+            }
+        };
+        let out = probs.reshape((1, kv, g * t, len))?.matmul(v)?; // [1, kv, g t, d]
+        Ok(out.reshape((1, h, t, d))?)
+    }
+}

@@ -1,0 +1,102 @@
+//! Dense layers and RMS normalisation over row-major activations `[tokens, features]`.
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// `y = x Wᵀ + b` with `W: [out, in]` as stored by PyTorch.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out, in]`.
+    weight: Tensor,
+    /// `[out]`.
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer from a `[out, in]` weight and an optional `[out]` bias.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
+    /// Rows of one weight matrix stacked from several (`[Σ out_i, in]`), e.g. q/k/v fused so a
+    /// forward is one matmul. Biases are stacked alike; a missing bias counts as zeros when
+    /// another part has one.
+    pub fn stacked(parts: Vec<Linear>) -> Result<Self> {
+        let weights: Vec<&Tensor> = parts.iter().map(|p| &p.weight).collect();
+        let weight = Tensor::cat(&weights, 0)?;
+        let bias = if parts.iter().any(|p| p.bias.is_some()) {
+            let biases = parts
+                .iter()
+                .map(|p| match &p.bias {
+                    Some(b) => Ok(b.clone()),
+                    None => Ok(Tensor::zeros(
+                        p.out_features()?,
+                        p.weight.dtype(),
+                        p.weight.device(),
+                    )?),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Tensor::cat(&biases, 0)?)
+        } else {
+            None
+        };
+        Ok(Self { weight, bias })
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> Result<usize> {
+        Ok(self.weight.dim(0)?)
+    }
+
+    /// The `[out, in]` weight.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// `x: [t, in]` -> `[t, out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
+    /// Parameters held.
+    pub fn param_count(&self) -> usize {
+        self.weight.elem_count() + self.bias.as_ref().map_or(0, Tensor::elem_count)
+    }
+}
+
+/// RMS normalisation over the last axis: `x / sqrt(mean(x²) + eps) * weight`, computed in f32
+/// for half inputs. Gemma's `(1 + w)` form is folded into `weight` at load.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// `[features]`.
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// A norm with the effective per-feature scale `weight`.
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps: eps as f32,
+        }
+    }
+
+    /// Normalises `x: [..., features]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            &self.weight,
+            self.eps,
+        )?)
+    }
+
+    /// Parameters held.
+    pub fn param_count(&self) -> usize {
+        self.weight.elem_count()
+    }
+}

@@ -1,0 +1,75 @@
+//! Gated feed-forward block: `down(act(gate(x)) * up(x))`.
+use candle_core::Tensor;
+
+use super::Linear;
+use crate::error::{Error, Result};
+
+/// The gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (transformers `silu`).
+    Silu,
+    /// GELU, tanh approximation (transformers `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// GELU, exact erf form (transformers `gelu`).
+    Gelu,
+}
+
+impl Activation {
+    /// Parses a transformers activation name; the error lists the supported ones.
+    pub fn from_hf(name: &str) -> Result<Self> {
+        match name {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanh),
+            "gelu" => Ok(Activation::Gelu),
+            other => Err(Error::invalid(format!(
+                "unsupported activation `{other}` (supported: silu, gelu_pytorch_tanh, gelu)"
+            ))),
+        }
+    }
+
+    fn apply(self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Activation::Silu => x.silu()?,
+            Activation::GeluTanh => x.gelu()?,
+            Activation::Gelu => x.gelu_erf()?,
+        })
+    }
+}
+
+/// Gated MLP with gate and up projections fused into one matmul.
+#[derive(Debug)]
+pub struct GatedMlp {
+    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
+    gate_up: Linear,
+    /// `[hidden, intermediate]`.
+    down: Linear,
+    intermediate: usize,
+    act: Activation,
+}
+
+impl GatedMlp {
+    /// Fuses `gate` and `up` (`[intermediate, hidden]` each).
+    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> Result<Self> {
+        let intermediate = gate.out_features()?;
+        Ok(Self {
+            gate_up: Linear::stacked(vec![gate, up])?,
+            down,
+            intermediate,
+            act,
+        })
+    }
+
+    /// `x: [t, hidden]` -> `[t, hidden]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate_up = self.gate_up.forward(x)?;
+        let gate = gate_up.narrow(1, 0, self.intermediate)?;
+        let up = gate_up.narrow(1, self.intermediate, self.intermediate)?;
+        self.down.forward(&(self.act.apply(&gate)? * up)?)
+    }
+
+    /// Parameters held.
+    pub fn param_count(&self) -> usize {
+        self.gate_up.param_count() + self.down.param_count()
+    }
+}

@@ -1,0 +1,19 @@
+//! Building blocks shared by every architecture: checkpoint loading, linear layers and norms,
+//! RoPE, the one attention implementation, the gated MLP and the decoder that wires them.
+//!
+//! Activations are row-major `[tokens, features]` (batch size 1); attention works on
+//! `[1, heads, tokens, head_dim]` as the cache layer stores K/V.
+
+mod attention;
+mod linear;
+mod mlp;
+mod rope;
+mod transformer;
+mod weights;
+
+pub use attention::{Attention, AttentionParts, HeadShape};
+pub use linear::{Linear, RmsNorm};
+pub use mlp::{Activation, GatedMlp};
+pub use rope::{Rope, RopeScaling, RopeSpec};
+pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout};
+pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

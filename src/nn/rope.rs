@@ -1,0 +1,170 @@
+//! Rotary position embeddings (the "rotate half" layout of Hugging Face Llama) with cos/sin
+//! tables computed once and grown geometrically, never per step.
+use std::sync::RwLock;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// How the rotary frequencies are rescaled for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain frequencies `theta^(-2i/d)`.
+    None,
+    /// Positions divided by `factor` (transformers `rope_type: "linear"`).
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
+    /// Llama 3.1 frequency-dependent rescaling (transformers `rope_type: "llama3"`).
+    Llama3 {
+        /// Scale of the low frequencies.
+        factor: f64,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled.
+        low_freq_factor: f64,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// Context length of pre-training.
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// The rotary embedding of one kind of layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeSpec {
+    /// Base of the frequencies (`rope_theta`).
+    pub theta: f64,
+    /// Long-context rescaling.
+    pub scaling: RopeScaling,
+}
+
+/// Positions of the first table; it doubles whenever a forward reaches past its end.
+const INITIAL_POSITIONS: usize = 2048;
+
+/// Rotary embedding for `head_dim`-wide heads. The cos/sin tables `[positions, head_dim / 2]`
+/// are computed in f32 exactly as transformers does, then cast to the compute dtype.
+#[derive(Debug)]
+pub struct Rope {
+    /// `[head_dim / 2]` inverse frequencies.
+    inv_freq: Vec<f32>,
+    dtype: DType,
+    device: Device,
+    /// `(cos, sin)`, both `[positions, head_dim / 2]`.
+    table: RwLock<(Tensor, Tensor)>,
+}
+
+impl Rope {
+    /// Tables for `head_dim` (even) with `spec`, in `dtype` on `device`.
+    pub fn new(spec: RopeSpec, head_dim: usize, dtype: DType, device: &Device) -> Result<Self> {
+        if !head_dim.is_multiple_of(2) {
+            return Err(Error::invalid(format!(
+                "head_dim {head_dim} must be even for RoPE"
+            )));
+        }
+        let inv_freq = inv_freq(spec, head_dim);
+        let table = build_table(&inv_freq, INITIAL_POSITIONS, dtype, device)?;
+        Ok(Self {
+            inv_freq,
+            dtype,
+            device: device.clone(),
+            table: RwLock::new(table),
+        })
+    }
+
+    /// `(cos, sin)` rows for positions `[offset, offset + len)`, `[len, head_dim / 2]`.
+    fn rows(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
+        let end = offset + len;
+        let poisoned = || Error::invalid("rope table lock poisoned by a panic");
+        {
+            let table = self.table.read().map_err(|_| poisoned())?;
+            if table.0.dim(0)? >= end {
+                return Ok((
+                    table.0.narrow(0, offset, len)?,
+                    table.1.narrow(0, offset, len)?,
+                ));
+            }
+        }
+        let mut table = self.table.write().map_err(|_| poisoned())?;
+        let have = table.0.dim(0)?;
+        if have < end {
+            let positions = end.next_power_of_two().max(2 * have);
+            *table = build_table(&self.inv_freq, positions, self.dtype, &self.device)?;
+        }
+        Ok((
+            table.0.narrow(0, offset, len)?,
+            table.1.narrow(0, offset, len)?,
+        ))
+    }
+
+    /// Rotates `q: [1, heads, t, d]` and `k: [1, kv_heads, t, d]` for positions
+    /// `[offset, offset + t)`. Both must be contiguous.
+    pub fn apply(&self, q: &Tensor, k: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = self.rows(offset, q.dim(2)?)?;
+        Ok((
+            candle_nn::rotary_emb::rope(q, &cos, &sin)?,
+            candle_nn::rotary_emb::rope(k, &cos, &sin)?,
+        ))
+    }
+}
+
+/// Inverse frequencies as transformers computes them (f32 arithmetic throughout).
+fn inv_freq(spec: RopeSpec, head_dim: usize) -> Vec<f32> {
+    let base = spec.theta as f32;
+    let plain = (0..head_dim)
+        .step_by(2)
+        .map(|i| 1.0 / base.powf(i as f32 / head_dim as f32));
+    match spec.scaling {
+        RopeScaling::None => plain.collect(),
+        RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let (factor, low, high) = (
+                factor as f32,
+                low_freq_factor as f32,
+                high_freq_factor as f32,
+            );
+            let old_context = original_max_position_embeddings as f32;
+            let low_freq_wavelen = old_context / low;
+            let high_freq_wavelen = old_context / high;
+            plain
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen > low_freq_wavelen {
+                        f / factor
+                    } else if wavelen < high_freq_wavelen {
+                        f
+                    } else {
+                        let smooth = (old_context / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// `cos`/`sin` of `position * inv_freq` for `positions` rows, cast to `dtype`.
+fn build_table(
+    inv_freq: &[f32],
+    positions: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let half = inv_freq.len();
+    let mut cos = Vec::with_capacity(positions * half);
+    let mut sin = Vec::with_capacity(positions * half);
+    for p in 0..positions {
+        for &f in inv_freq {
+            let angle = p as f32 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    let cos = Tensor::from_vec(cos, (positions, half), device)?.to_dtype(dtype)?;
+    let sin = Tensor::from_vec(sin, (positions, half), device)?.to_dtype(dtype)?;
+    Ok((cos, sin))
+}

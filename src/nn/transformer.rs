@@ -1,0 +1,413 @@
+//! The decoder-only transformer every supported architecture instantiates: embeddings,
+//! blocks of attention + gated MLP with pre-norms (and Gemma's post-norms), final norm, LM head.
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+
+use super::{
+    Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm, Rope, RopeSpec,
+    Weights,
+};
+use crate::cache::{
+    KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP,
+};
+use crate::error::{Error, Result};
+
+/// The attention span of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Attends to every earlier token; cached in a [`KvCache`].
+    Full,
+    /// Attends to the last `window` tokens (itself included); cached in a [`RotatingKvCache`].
+    Sliding {
+        /// Tokens each query sees, itself included.
+        window: usize,
+    },
+}
+
+/// Where the norms of a block sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormLayout {
+    /// Llama: `input_layernorm` before attention, `post_attention_layernorm` before the MLP.
+    PreNorm,
+    /// Gemma 2/3: `input_layernorm` and `post_attention_layernorm` around attention,
+    /// `pre_feedforward_layernorm` and `post_feedforward_layernorm` around the MLP.
+    Sandwich,
+}
+
+/// Everything a thin model file decides about an architecture; [`Decoder::load`] does the rest.
+/// Weight names follow the Hugging Face Llama layout under `prefix`
+/// (`{prefix}layers.{i}.self_attn.q_proj.weight`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderSpec {
+    /// Rows of the embedding (and of the logits).
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Attention head geometry (the same in every layer).
+    pub heads: HeadShape,
+    /// One entry per layer.
+    pub layers: Vec<LayerKind>,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// Gemma's `(1 + w)` RMSNorm scale.
+    pub norm_plus_one: bool,
+    /// Norm placement.
+    pub norm_layout: NormLayout,
+    /// Bias on the q/k/v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// Bias on the MLP projections.
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm of queries and keys (`q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// MLP gate activation.
+    pub activation: Activation,
+    /// Multiply embeddings by `sqrt(hidden_size)` rounded to the compute dtype (Gemma).
+    pub scale_embeddings: bool,
+    /// Softmax scale of attention logits.
+    pub attn_scale: f64,
+    /// `tanh` softcap of attention logits.
+    pub attn_softcap: Option<f64>,
+    /// `tanh` softcap of the final logits.
+    pub final_softcap: Option<f64>,
+    /// RoPE of full-attention layers.
+    pub rope_full: RopeSpec,
+    /// RoPE of sliding-window layers.
+    pub rope_sliding: RopeSpec,
+    /// The LM head is the embedding matrix.
+    pub tie_embeddings: bool,
+    /// Prefix of the decoder's tensors (`model.`).
+    pub prefix: String,
+    /// Name of the untied LM head tensor.
+    pub lm_head: String,
+}
+
+/// One transformer block.
+#[derive(Debug)]
+struct Block {
+    attn_norm: RmsNorm,
+    attn: Attention,
+    attn_post_norm: Option<RmsNorm>,
+    mlp_norm: RmsNorm,
+    mlp: GatedMlp,
+    mlp_post_norm: Option<RmsNorm>,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        let h = self
+            .attn
+            .forward(&self.attn_norm.forward(x)?, offset, cache)?;
+        let h = post_norm(&self.attn_post_norm, h)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&self.mlp_norm.forward(&x)?)?;
+        let h = post_norm(&self.mlp_post_norm, h)?;
+        Ok((x + h)?)
+    }
+
+    fn param_count(&self) -> usize {
+        let opt = |n: &Option<RmsNorm>| n.as_ref().map_or(0, RmsNorm::param_count);
+        self.attn_norm.param_count()
+            + self.attn.param_count()
+            + opt(&self.attn_post_norm)
+            + self.mlp_norm.param_count()
+            + self.mlp.param_count()
+            + opt(&self.mlp_post_norm)
+    }
+}
+
+fn post_norm(norm: &Option<RmsNorm>, h: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(&h),
+        None => Ok(h),
+    }
+}
+
+/// A loaded decoder: weights only; per-sequence state lives in a [`ModelCache`].
+#[derive(Debug)]
+pub struct Decoder {
+    /// `[vocab, hidden]`.
+    embed: Tensor,
+    /// `sqrt(hidden)` in the compute dtype, for Gemma.
+    embed_scale: Option<f64>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    final_softcap: Option<f64>,
+    kinds: Vec<LayerKind>,
+    vocab_size: usize,
+    param_count: usize,
+}
+
+/// Loads the tensors of one model according to a spec.
+struct Loader<'a> {
+    spec: &'a DecoderSpec,
+    weights: &'a Weights,
+}
+
+impl Loader<'_> {
+    fn name(&self, layer: usize, rest: &str) -> String {
+        format!("{}layers.{layer}.{rest}", self.spec.prefix)
+    }
+
+    /// Tensor `name` of shape `shape`, times `scale` (applied before the dtype cast).
+    fn tensor(&self, name: &str, shape: &[usize], scale: f64) -> Result<Tensor> {
+        if scale == 1.0 {
+            self.weights.get(name, shape)
+        } else {
+            self.weights.get_mapped(name, shape, |t| t * scale)
+        }
+    }
+
+    fn norm(&self, name: &str, width: usize, scale: f64) -> Result<RmsNorm> {
+        let weight = if self.spec.norm_plus_one {
+            self.weights
+                .get_mapped(name, &[width], |t| (t + 1.0)? * scale)?
+        } else {
+            self.tensor(name, &[width], scale)?
+        };
+        Ok(RmsNorm::new(weight, self.spec.rms_norm_eps))
+    }
+
+    /// `{base}.weight` `[out, inp]` (times `scale`) and, when `bias`, `{base}.bias` `[out]`.
+    fn linear(
+        &self,
+        base: &str,
+        (out, inp): (usize, usize),
+        bias: bool,
+        scale: f64,
+    ) -> Result<Linear> {
+        let weight = self.tensor(&format!("{base}.weight"), &[out, inp], scale)?;
+        let bias = if bias {
+            Some(self.tensor(&format!("{base}.bias"), &[out], scale)?)
+        } else {
+            None
+        };
+        Ok(Linear::new(weight, bias))
+    }
+
+    fn attention(&self, i: usize, rope: Arc<Rope>) -> Result<Attention> {
+        let s = self.spec;
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = s.heads;
+        let hidden = s.hidden_size;
+        let proj = |p: &str| self.name(i, &format!("self_attn.{p}_proj"));
+        // The softmax scale rides on the q norm when there is one, else on q itself.
+        let q_scale = if s.qk_norm { 1.0 } else { s.attn_scale };
+        let qkv = [
+            self.linear(&proj("q"), (h * d, hidden), s.qkv_bias, q_scale)?,
+            self.linear(&proj("k"), (kv * d, hidden), s.qkv_bias, 1.0)?,
+            self.linear(&proj("v"), (kv * d, hidden), s.qkv_bias, 1.0)?,
+        ];
+        let qk_norm = if s.qk_norm {
+            let q = self.norm(&self.name(i, "self_attn.q_norm.weight"), d, s.attn_scale)?;
+            let k = self.norm(&self.name(i, "self_attn.k_norm.weight"), d, 1.0)?;
+            Some((q, k))
+        } else {
+            None
+        };
+        Attention::new(AttentionParts {
+            qkv,
+            o: self.linear(&proj("o"), (hidden, h * d), s.o_bias, 1.0)?,
+            qk_norm,
+            rope,
+            shape: s.heads,
+            softcap: s.attn_softcap,
+        })
+    }
+
+    fn block(&self, i: usize, rope: Arc<Rope>) -> Result<Block> {
+        let s = self.spec;
+        let norm = |n: &str| self.norm(&self.name(i, &format!("{n}.weight")), s.hidden_size, 1.0);
+        let mlp = |p: &str, shape| {
+            self.linear(
+                &self.name(i, &format!("mlp.{p}_proj")),
+                shape,
+                s.mlp_bias,
+                1.0,
+            )
+        };
+        let (hid, inter) = (s.hidden_size, s.intermediate_size);
+        let mlp = GatedMlp::new(
+            mlp("gate", (inter, hid))?,
+            mlp("up", (inter, hid))?,
+            mlp("down", (hid, inter))?,
+            s.activation,
+        )?;
+        let attn = self.attention(i, rope)?;
+        Ok(match s.norm_layout {
+            NormLayout::PreNorm => Block {
+                attn_norm: norm("input_layernorm")?,
+                attn,
+                attn_post_norm: None,
+                mlp_norm: norm("post_attention_layernorm")?,
+                mlp,
+                mlp_post_norm: None,
+            },
+            NormLayout::Sandwich => Block {
+                attn_norm: norm("input_layernorm")?,
+                attn,
+                attn_post_norm: Some(norm("post_attention_layernorm")?),
+                mlp_norm: norm("pre_feedforward_layernorm")?,
+                mlp,
+                mlp_post_norm: Some(norm("post_feedforward_layernorm")?),
+            },
+        })
+    }
+}
+
+impl Decoder {
+    /// Loads every tensor `spec` names from `weights` (shapes checked, converted to the
+    /// compute dtype) and precomputes the RoPE tables.
+    pub fn load(spec: &DecoderSpec, weights: &Weights) -> Result<Self> {
+        let (dtype, device) = (weights.dtype(), weights.device());
+        let loader = Loader { spec, weights };
+        let (vocab, hidden) = (spec.vocab_size, spec.hidden_size);
+        let embed = weights.get(
+            &format!("{}embed_tokens.weight", spec.prefix),
+            &[vocab, hidden],
+        )?;
+        let head_dim = spec.heads.head_dim;
+        let rope_full = Arc::new(Rope::new(spec.rope_full, head_dim, dtype, device)?);
+        let rope_sliding = if spec.rope_sliding == spec.rope_full {
+            rope_full.clone()
+        } else {
+            Arc::new(Rope::new(spec.rope_sliding, head_dim, dtype, device)?)
+        };
+        let blocks = spec
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                let rope = match kind {
+                    LayerKind::Full => rope_full.clone(),
+                    LayerKind::Sliding { .. } => rope_sliding.clone(),
+                };
+                loader.block(i, rope)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = loader.norm(&format!("{}norm.weight", spec.prefix), hidden, 1.0)?;
+        let lm_head = if spec.tie_embeddings {
+            Linear::new(embed.clone(), None)
+        } else {
+            Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)
+        };
+        let param_count = embed.elem_count()
+            + blocks.iter().map(Block::param_count).sum::<usize>()
+            + norm.param_count()
+            + if spec.tie_embeddings {
+                0
+            } else {
+                lm_head.param_count()
+            };
+        Ok(Self {
+            embed,
+            embed_scale: spec
+                .scale_embeddings
+                .then(|| round_to(dtype, (hidden as f64).sqrt())),
+            blocks,
+            norm,
+            lm_head,
+            final_softcap: spec.final_softcap,
+            kinds: spec.layers.clone(),
+            vocab_size: vocab,
+            param_count,
+        })
+    }
+
+    /// Parameters held (tied embeddings counted once).
+    pub fn param_count(&self) -> usize {
+        self.param_count
+    }
+
+    /// The span of each layer.
+    pub fn layer_kinds(&self) -> &[LayerKind] {
+        &self.kinds
+    }
+
+    /// Empty caches: a [`KvCache`] per full layer, a [`RotatingKvCache`] per sliding one.
+    pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
+        let layers = self
+            .kinds
+            .iter()
+            .map(|kind| match *kind {
+                LayerKind::Full => Ok(LayerCache::Kv(KvCache::new(DEFAULT_STEP))),
+                LayerKind::Sliding { window } => Ok(LayerCache::Rotating(RotatingKvCache::new(
+                    window, strategy,
+                )?)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache::new(layers))
+    }
+
+    /// Logits `[tokens.len(), vocab]` (f32) for every position; positions start at
+    /// `cache.offset()` and every layer's cache grows by `tokens.len()`.
+    pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.check_input(tokens, cache)?;
+        let offset = cache.offset();
+        let ids = Tensor::new(tokens, self.embed.device())?;
+        let mut x = self.embed.index_select(&ids, 0)?; // [t, hidden]
+        if let Some(scale) = self.embed_scale {
+            x = (x * scale)?;
+        }
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, offset, cache.layer_mut(i)?)?;
+        }
+        let mut logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
+        if let Some(cap) = self.final_softcap {
+            logits = ((logits / cap)?.tanh()? * cap)?;
+        }
+        Ok(logits.to_dtype(DType::F32)?)
+    }
+
+    /// Refuses empty input, out-of-vocabulary ids and caches built for another layout.
+    fn check_input(&self, tokens: &[u32], cache: &ModelCache) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("forward of an empty token sequence"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {} ids",
+                self.vocab_size
+            )));
+        }
+        if cache.num_layers() != self.kinds.len() {
+            return Err(Error::invalid(format!(
+                "cache has {} layers but the model has {}; build it with new_cache",
+                cache.num_layers(),
+                self.kinds.len()
+            )));
+        }
+        for (i, (layer, kind)) in cache.layers().iter().zip(&self.kinds).enumerate() {
+            let fits = match (layer, kind) {
+                (LayerCache::Kv(_), LayerKind::Full) => true,
+                (LayerCache::Rotating(c), LayerKind::Sliding { window }) => c.window() == *window,
+                _ => false,
+            };
+            if !fits {
+                return Err(Error::invalid(format!(
+                    "cache layer {i} does not match the model's layer kind {kind:?}; build it with new_cache"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `x` rounded to the precision of `dtype` as transformers casts Gemma's embedding scale:
+/// a python float made an f32 tensor, then cast to the embedding dtype.
+fn round_to(dtype: DType, x: f64) -> f64 {
+    let x = x as f32;
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_f64(),
+        DType::F16 => half::f16::from_f32(x).to_f64(),
+        _ => f64::from(x),
+    }
+}
