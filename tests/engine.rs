@@ -1,0 +1,266 @@
+//! Invariants of the decoding engine, on tiny attention models over the real cache layer:
+//! greedy speculative output equals greedy autoregressive output for every drafter, γ and
+//! cache kind; a draft equal to the target is always accepted; exact stops; seeded runs
+//! repeat; the n-gram drafter thrives on repetitive text.
+mod common;
+
+use std::sync::Arc;
+
+use common::Toy;
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::RotatingStrategy;
+use specdec::spec::{
+    autoregressive, speculative, Drafter, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
+    ModelDrafter, NgramDrafter, SamplingParams, StopReason,
+};
+
+const VOCAB: usize = 40;
+
+fn params(max_new_tokens: usize, gamma: GammaPolicy, sampling: SamplingParams) -> GenParams {
+    GenParams {
+        max_new_tokens,
+        sampling,
+        gamma,
+        stop_at_eos: true,
+    }
+}
+
+fn run_ar(
+    target: &Toy,
+    prompt: &[u32],
+    p: &GenParams,
+    strategy: RotatingStrategy,
+    seed: u64,
+) -> GenerationRecord {
+    let mut cache = target.new_cache(strategy).unwrap();
+    autoregressive(
+        target,
+        &mut cache,
+        prompt,
+        p,
+        &mut StdRng::seed_from_u64(seed),
+    )
+    .unwrap()
+}
+
+fn run_spec(
+    target: &Toy,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    p: &GenParams,
+    strategy: RotatingStrategy,
+    seed: u64,
+) -> GenerationRecord {
+    let mut cache = target.new_cache(strategy).unwrap();
+    speculative(
+        target,
+        &mut cache,
+        drafter,
+        prompt,
+        p,
+        &mut StdRng::seed_from_u64(seed),
+    )
+    .unwrap()
+}
+
+/// Targets: full attention, and a sliding window of 5 run far past it (60 new tokens).
+fn targets() -> Vec<Toy> {
+    vec![
+        Toy::new(VOCAB, 16, 1, 3.0, None),
+        Toy::new(VOCAB, 16, 2, 3.0, Some(5)),
+    ]
+}
+
+fn strategies() -> [RotatingStrategy; 2] {
+    [
+        RotatingStrategy::Staged,
+        RotatingStrategy::Slack { max_draft: 8 },
+    ]
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![3],
+        vec![1, 2, 3, 1, 2],
+        vec![7, 7, 7, 9, 11, 13, 7, 7, 9],
+    ]
+}
+
+/// Drafters of every kind: a near copy of the target, an unrelated model, prompt lookup.
+fn drafters(target: &Toy, seed: u64, strategy: RotatingStrategy) -> Vec<Box<dyn Drafter>> {
+    let close = Arc::new(Toy::new(VOCAB, 16, seed, 3.0, target.window));
+    let other = Arc::new(Toy::new(VOCAB, 8, seed + 100, 3.0, Some(3)));
+    vec![
+        Box::new(ModelDrafter::new("close", close, strategy, None).unwrap()),
+        Box::new(ModelDrafter::new("other", other, strategy, Some(0.3)).unwrap()),
+        Box::new(NgramDrafter::new("ngram", 1, 3).unwrap()),
+    ]
+}
+
+#[test]
+fn greedy_speculative_equals_greedy_autoregressive() {
+    for (ti, target) in targets().iter().enumerate() {
+        for strategy in strategies() {
+            for prompt in prompts() {
+                let ar = run_ar(
+                    target,
+                    &prompt,
+                    &params(60, GammaPolicy::Fixed(1), SamplingParams::greedy()),
+                    strategy,
+                    0,
+                );
+                assert_eq!(ar.output_ids.len(), 60);
+                for gamma in [
+                    GammaPolicy::Fixed(1),
+                    GammaPolicy::Fixed(2),
+                    GammaPolicy::Fixed(4),
+                    GammaPolicy::Fixed(8),
+                    GammaPolicy::Adaptive {
+                        min: 1,
+                        max: 8,
+                        start: 4,
+                    },
+                ] {
+                    for mut drafter in drafters(target, ti as u64 + 10, strategy) {
+                        let p = params(60, gamma, SamplingParams::greedy());
+                        let sp = run_spec(target, drafter.as_mut(), &prompt, &p, strategy, 0);
+                        assert_eq!(
+                            sp.output_ids,
+                            ar.output_ids,
+                            "target {ti}, {strategy:?}, {gamma:?}, drafter {}",
+                            drafter.name()
+                        );
+                        assert_eq!(sp.stop_reason, Some(StopReason::MaxTokens));
+                        let accepted: usize = sp.accepted.iter().sum();
+                        // Each step yields its accepted drafts plus one target token.
+                        assert_eq!(accepted + sp.accepted.len() + 1, sp.output_ids.len());
+                        assert_eq!(sp.target_forwards, sp.accepted.len() + 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_draft_equal_to_the_target_is_always_accepted_greedily() {
+    for target in targets() {
+        let same = Arc::new(Toy::new(
+            VOCAB,
+            16,
+            if target.window.is_some() { 2 } else { 1 },
+            3.0,
+            target.window,
+        ));
+        for strategy in strategies() {
+            for g in [1, 2, 4, 8] {
+                let mut drafter = ModelDrafter::new("same", same.clone(), strategy, None).unwrap();
+                let p = params(50, GammaPolicy::Fixed(g), SamplingParams::greedy());
+                let sp = run_spec(&target, &mut drafter, &[5, 6], &p, strategy, 0);
+                assert!(!sp.proposed.is_empty());
+                assert_eq!(sp.accepted, sp.proposed, "γ = {g}, {strategy:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn stops_exactly_at_eos_and_max_new_tokens_mid_block() {
+    for target in targets() {
+        let ar_full = run_ar(
+            &target,
+            &[4, 2],
+            &params(40, GammaPolicy::Fixed(1), SamplingParams::greedy()),
+            RotatingStrategy::Staged,
+            0,
+        );
+        // Every token of the greedy output, in turn, as the end-of-sequence token.
+        for &eos in ar_full.output_ids.iter().take(12) {
+            let target = Toy::new(
+                VOCAB,
+                16,
+                if target.window.is_some() { 2 } else { 1 },
+                3.0,
+                target.window,
+            )
+            .with_eos(vec![eos]);
+            for max_new in [1, 2, 3, 5, 8, 13, 40] {
+                let ar = run_ar(
+                    &target,
+                    &[4, 2],
+                    &params(max_new, GammaPolicy::Fixed(1), SamplingParams::greedy()),
+                    RotatingStrategy::Staged,
+                    0,
+                );
+                let cut = ar_full.output_ids.iter().position(|&t| t == eos).unwrap() + 1;
+                assert_eq!(ar.output_ids, ar_full.output_ids[..cut.min(max_new)]);
+                for g in [1, 2, 4, 8] {
+                    for strategy in strategies() {
+                        for mut drafter in drafters(&target, 10, strategy) {
+                            let p =
+                                params(max_new, GammaPolicy::Fixed(g), SamplingParams::greedy());
+                            let sp = run_spec(&target, drafter.as_mut(), &[4, 2], &p, strategy, 0);
+                            assert_eq!(
+                                sp.output_ids, ar.output_ids,
+                                "eos {eos}, max {max_new}, γ {g}"
+                            );
+                            assert_eq!(sp.stop_reason, ar.stop_reason);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_sampled_tokens() {
+    let target = Toy::new(VOCAB, 16, 1, 1.0, Some(4));
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        top_k: 10,
+        top_p: 0.9,
+    };
+    let p = params(40, GammaPolicy::Fixed(4), sampling);
+    let run = |seed| {
+        let mut d = ModelDrafter::new(
+            "d",
+            Arc::new(Toy::new(VOCAB, 16, 9, 1.0, None)),
+            RotatingStrategy::Staged,
+            None,
+        )
+        .unwrap();
+        run_spec(&target, &mut d, &[1, 2], &p, RotatingStrategy::Staged, seed).output_ids
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(
+        run(7),
+        run(8),
+        "different seeds should differ on a 40-token sample"
+    );
+}
+
+#[test]
+fn ngram_drafter_reaches_high_acceptance_on_repetitive_text() {
+    // A target whose greedy output counts upward cyclically: highly repetitive text.
+    let target = Toy::new(VOCAB, 16, 1, 1.0, Some(8)).with_successor_bias(50.0);
+    let mut drafter = NgramDrafter::new("ngram", 1, 3).unwrap();
+    let p = params(200, GammaPolicy::Fixed(8), SamplingParams::greedy());
+    // The prompt shows one full cycle, so lookups find matches from the first step.
+    let prompt: Vec<u32> = (0..VOCAB as u32).collect();
+    let sp = run_spec(
+        &target,
+        &mut drafter,
+        &prompt,
+        &p,
+        RotatingStrategy::Staged,
+        0,
+    );
+    let (acc, prop): (usize, usize) = (sp.accepted.iter().sum(), sp.proposed.iter().sum());
+    let alpha = acc as f64 / prop as f64;
+    assert!(alpha > 0.9, "acceptance {alpha}");
+    assert!(
+        sp.target_forwards * 4 < sp.output_ids.len(),
+        "few target forwards per token"
+    );
+}
