@@ -115,10 +115,14 @@ pub struct Model {
 
 impl Model {
     /// Loads the checkpoint in `dir`. Errors name the file and the key or tensor at fault.
+    /// On the CPU this pins candle's thread count (see [`crate::nn::pin_cpu_thread_count`]).
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
         if !dir.is_dir() {
             let e = std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found");
             return Err(Error::io(dir, e));
+        }
+        if opts.device.is_cpu() {
+            crate::nn::pin_cpu_thread_count();
         }
         let cfg = HfConfig::read(&dir.join("config.json"))?;
         let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
