@@ -4,6 +4,7 @@
 //! with snapshot, restore, merge and split.
 pub mod cache;
 pub mod error;
+pub mod experiment;
 pub mod models;
 pub mod nn;
 

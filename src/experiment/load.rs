@@ -1,0 +1,158 @@
+//! Loading what a config names: the device, the target and draft models (with the check that
+//! a draft shares the target's vocabulary), the tokenizer.
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use tokenizers::Tokenizer;
+
+use super::config::{DeviceChoice, DtypeChoice};
+use crate::cache::{ModelCache, RotatingStrategy};
+use crate::error::{Error, Result};
+use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
+use crate::spec::LanguageModel;
+
+/// The device `choice` names; an explicit GPU that is not available is an error.
+pub fn select_device(choice: DeviceChoice) -> Result<Device> {
+    let unavailable = |name: &str, feature: &str, e: candle_core::Error| {
+        Error::invalid(format!(
+            "device = \"{name}\": not available ({e}); build with `--features {feature}` on a machine that has one, or use device = \"cpu\""
+        ))
+    };
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Cuda => Device::new_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
+        DeviceChoice::Metal => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
+        DeviceChoice::Auto if candle_core::utils::cuda_is_available() => Ok(Device::new_cuda(0)?),
+        DeviceChoice::Auto if candle_core::utils::metal_is_available() => Ok(Device::new_metal(0)?),
+        DeviceChoice::Auto => Ok(Device::Cpu),
+    }
+}
+
+/// The loader's dtype for the config's.
+pub fn load_options(device: Device, dtype: DtypeChoice) -> LoadOptions {
+    let dtype = match dtype {
+        DtypeChoice::Auto => DTypeChoice::Auto,
+        DtypeChoice::F32 => DTypeChoice::F32,
+        DtypeChoice::Bf16 => DTypeChoice::BF16,
+        DtypeChoice::F16 => DTypeChoice::F16,
+    };
+    LoadOptions { device, dtype }
+}
+
+/// A loaded model whose logits may be cut to the first `vocab` ids: checkpoints of one family
+/// pad their embeddings to different sizes (Qwen2.5 0.5B: 151936 rows, 7B: 152064) though
+/// their tokenizers are identical; the ids past the tokenizer are never produced by it, and
+/// target and draft must score the same ids for verification.
+pub struct LoadedModel {
+    /// The model.
+    pub model: Model,
+    /// The directory it came from.
+    pub dir: PathBuf,
+    vocab: Option<usize>,
+}
+
+impl LoadedModel {
+    /// Loads the checkpoint in `dir`; errors name the directory.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let model = Model::load(dir, opts)
+            .map_err(|e| Error::invalid(format!("loading {}: {e}", dir.display())))?;
+        Ok(Self {
+            model,
+            dir: dir.to_path_buf(),
+            vocab: None,
+        })
+    }
+
+    /// Cuts the logits to the first `vocab` ids (no-op when the model has exactly that many).
+    pub fn limit_vocab(&mut self, vocab: usize) {
+        self.vocab = (vocab < self.model.info().vocab_size).then_some(vocab);
+    }
+}
+
+impl LanguageModel for LoadedModel {
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        let logits = self.model.forward(tokens, cache)?;
+        match self.vocab {
+            Some(v) => Ok(logits.narrow(1, 0, v)?),
+            None => Ok(logits),
+        }
+    }
+
+    fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
+        self.model.new_cache(strategy)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab.unwrap_or(self.model.info().vocab_size)
+    }
+
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.model.info().eos_token_ids
+    }
+}
+
+/// Checks that `draft` shares the target's vocabulary: when the draft ships a tokenizer.json,
+/// both tokenizers must have the same size and token → id map (output sizes may then differ
+/// by embedding padding, see [`align_vocabularies`]); without one, the output sizes must be
+/// equal. `name` is the drafter's config name.
+pub fn check_vocabulary(
+    name: &str,
+    target: (&LoadedModel, &Tokenizer),
+    draft: &LoadedModel,
+) -> Result<()> {
+    let (target, target_tok) = target;
+    let target_file = target.dir.join("tokenizer.json");
+    let draft_file = draft.dir.join("tokenizer.json");
+    let (tv, dv) = (
+        target.model.info().vocab_size,
+        draft.model.info().vocab_size,
+    );
+    if draft_file.is_file() {
+        let draft_tok = load_tokenizer(&draft.dir)?;
+        if let Some(why) = tokenizer_difference(target_tok, &draft_tok) {
+            return Err(Error::invalid(format!(
+                "drafters.{name}: the draft's vocabulary differs from the target's ({why}): {} has {} tokens, {} has {} tokens (model vocab_size: draft {dv}, target {tv})",
+                draft_file.display(),
+                draft_tok.get_vocab_size(true),
+                target_file.display(),
+                target_tok.get_vocab_size(true),
+            )));
+        }
+    } else if tv != dv {
+        return Err(Error::invalid(format!(
+            "drafters.{name}: the draft's vocabulary size {dv} ({}) differs from the target's {tv} ({}), and the draft has no tokenizer.json to show they share tokens",
+            draft.dir.display(),
+            target.dir.display(),
+        )));
+    }
+    Ok(())
+}
+
+/// Why two tokenizers differ, or `None` when their vocabularies are identical.
+fn tokenizer_difference(a: &Tokenizer, b: &Tokenizer) -> Option<String> {
+    if a.get_vocab_size(true) != b.get_vocab_size(true) {
+        return Some("different sizes".into());
+    }
+    let (va, vb) = (a.get_vocab(true), b.get_vocab(true));
+    let mut diffs: Vec<(&String, &u32)> =
+        va.iter().filter(|(t, id)| vb.get(*t) != Some(id)).collect();
+    diffs.sort_by_key(|(_, id)| **id);
+    diffs.first().map(|(token, id)| {
+        let other = b.id_to_token(**id).unwrap_or_default();
+        format!("token id {id} is {token:?} for the target but {other:?} for the draft")
+    })
+}
+
+/// The shared output width of `models` (the smallest), applied to every model whose width is
+/// larger; returns it. Only call after [`check_vocabulary`] accepted every draft.
+pub fn align_vocabularies(models: &mut [&mut LoadedModel]) -> Option<usize> {
+    let widths: Vec<usize> = models.iter().map(|m| m.model.info().vocab_size).collect();
+    let min = *widths.iter().min()?;
+    if widths.iter().all(|&w| w == min) {
+        return None;
+    }
+    for m in models.iter_mut() {
+        m.limit_vocab(min);
+    }
+    Some(min)
+}

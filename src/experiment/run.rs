@@ -1,0 +1,277 @@
+//! One experiment end to end: check, load, run the sweep, write the result folder.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokenizers::Tokenizer;
+
+use super::chat::{encode_prompt, ChatTemplate};
+use super::config::{DrafterKind, ExperimentConfig};
+use super::dataset::load_prompts;
+use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
+use super::output::{default_result_path, ResultDir};
+use super::plot::write_plots;
+use super::report::{csv, markdown, markdown_table, summarize, PointSummary};
+use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
+use super::sweep::{sweep_points, SweepPoint};
+use crate::error::{Error, Result};
+use crate::models::load_tokenizer;
+
+/// How to run an experiment.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The result folder (default `experiments/<name>/<run-id>`).
+    pub out: Option<PathBuf>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What a finished run produced.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The result folder.
+    pub dir: PathBuf,
+    /// One summary per sweep point.
+    pub summaries: Vec<PointSummary>,
+    /// The summary table (Markdown).
+    pub table: String,
+}
+
+/// Runs `config` (already validated): checks paths and the result folder, loads tokenizer,
+/// prompts and models (every error so far comes before any generation), runs the sweep and
+/// writes `config.toml`, `results.jsonl`, `summary.md`, `summary.csv` and `plots/*.svg`.
+pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<RunOutcome> {
+    config.validate()?;
+    config.check_paths()?;
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| default_result_path(&config.name));
+    let dir = ResultDir::plan(out)?;
+    let tokenizer = load_tokenizer(&config.target.path)?;
+    let prompts = encode_prompts(config, &tokenizer)?;
+    let device = select_device(config.device)?;
+    let load = load_options(device.clone(), config.dtype);
+    let mut target = LoadedModel::load(&config.target.path, &load)?;
+    let mut drafts = load_drafts(config, &load, &target, &tokenizer)?;
+    let mut all: Vec<&mut LoadedModel> = vec![&mut target];
+    all.extend(drafts.values_mut());
+    if let Some(width) = align_vocabularies(&mut all) {
+        eprintln!("note: models pad their vocabularies differently; logits limited to the shared first {width} ids");
+    }
+    let context = describe(config, &target, &drafts, &device, prompts.len());
+    let decode = |ids: &[u32]| -> Result<String> {
+        tokenizer
+            .decode(ids, false)
+            .map_err(|e| Error::invalid(format!("cannot decode output tokens: {e}")))
+    };
+    let session = Session {
+        target: Arc::new(target),
+        drafters: draft_sources(config, drafts),
+        prompts,
+        decode: &decode,
+    };
+    let points = sweep_points(config);
+    let partial = dir.create()?.to_path_buf();
+    write(&partial.join("config.toml"), &config.to_toml()?)?;
+    let records = run_points(config, &session, &points, &partial, opts.progress).map_err(|e| {
+        Error::invalid(format!(
+            "{e} (partial results kept in {})",
+            partial.display()
+        ))
+    })?;
+    let summaries = summarize(&points, &records);
+    let title = format!("Experiment `{}`", config.name);
+    write(
+        &partial.join("summary.md"),
+        &markdown(&title, &context, &summaries),
+    )?;
+    write(&partial.join("summary.csv"), &csv(&summaries))?;
+    write_plots(&partial.join("plots"), &summaries)?;
+    let dir = dir.finish()?;
+    Ok(RunOutcome {
+        dir,
+        table: markdown_table(&summaries),
+        summaries,
+    })
+}
+
+/// The dataset's prompts encoded with the target's tokenizer (and chat template).
+fn encode_prompts(config: &ExperimentConfig, tokenizer: &Tokenizer) -> Result<Vec<EncodedPrompt>> {
+    let template = if config.dataset.chat_template {
+        Some(ChatTemplate::load(&config.target.path)?)
+    } else {
+        None
+    };
+    load_prompts(&config.dataset)?
+        .into_iter()
+        .map(|p| {
+            Ok(EncodedPrompt {
+                tokens: encode_prompt(tokenizer, &p, template.as_ref())?,
+                id: p.id,
+                category: p.category,
+            })
+        })
+        .collect()
+}
+
+/// The draft models the sweep uses, each checked against the target's vocabulary.
+fn load_drafts(
+    config: &ExperimentConfig,
+    load: &crate::models::LoadOptions,
+    target: &LoadedModel,
+    tokenizer: &Tokenizer,
+) -> Result<BTreeMap<String, LoadedModel>> {
+    let mut drafts = BTreeMap::new();
+    for name in config.used_drafters() {
+        let Some(d) = config.drafters.get(name) else {
+            continue;
+        };
+        if let (DrafterKind::Model, Some(path)) = (d.kind, &d.path) {
+            let draft = LoadedModel::load(path, load)?;
+            check_vocabulary(name, (target, tokenizer), &draft)?;
+            drafts.insert(name.to_string(), draft);
+        }
+    }
+    Ok(drafts)
+}
+
+fn draft_sources(
+    config: &ExperimentConfig,
+    mut models: BTreeMap<String, LoadedModel>,
+) -> BTreeMap<String, DraftSource<LoadedModel>> {
+    let mut sources = BTreeMap::new();
+    for name in config.used_drafters() {
+        let Some(d) = config.drafters.get(name) else {
+            continue;
+        };
+        let source = match (d.kind, models.remove(name)) {
+            (DrafterKind::Model, Some(model)) => DraftSource::Model {
+                model: Arc::new(model),
+                confidence: d.confidence,
+            },
+            _ => {
+                let (min_ngram, max_ngram) = d.ngram_sizes();
+                DraftSource::Ngram {
+                    min_ngram,
+                    max_ngram,
+                }
+            }
+        };
+        sources.insert(name.to_string(), source);
+    }
+    sources
+}
+
+/// Warms up, then runs the points, appending each record to `results.jsonl` as it comes.
+fn run_points(
+    config: &ExperimentConfig,
+    session: &Session<'_, LoadedModel>,
+    points: &[SweepPoint],
+    dir: &Path,
+    progress: bool,
+) -> Result<Vec<ResultRecord>> {
+    let bar = if progress {
+        ProgressBar::new((points.len() * session.prompts.len()) as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    let style = ProgressStyle::with_template(
+        "[{elapsed_precise}] {bar:30} {pos}/{len} generations · {msg}",
+    )
+    .map_err(|e| Error::invalid(format!("progress bar: {e}")))?;
+    bar.set_style(style);
+    if config.warmup {
+        bar.set_message("warming up");
+        session.warm_up(config)?;
+    }
+    let path = dir.join("results.jsonl");
+    let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+    let mut observer = Recorder {
+        out: BufWriter::new(file),
+        path,
+        bar: bar.clone(),
+        label: String::new(),
+        tokens: 0,
+        started: Instant::now(),
+    };
+    let records = session.run(config, points, &mut observer)?;
+    bar.finish_and_clear();
+    Ok(records)
+}
+
+/// Writes records as JSON lines and reports progress.
+struct Recorder {
+    out: BufWriter<File>,
+    path: PathBuf,
+    bar: ProgressBar,
+    label: String,
+    tokens: usize,
+    started: Instant,
+}
+
+impl SweepObserver for Recorder {
+    fn point_started(&mut self, index: usize, total: usize, point: &SweepPoint) {
+        self.label = format!("point {}/{total}: {}", index + 1, point.label());
+        self.tokens = 0;
+        self.started = Instant::now();
+        self.bar.set_message(self.label.clone());
+    }
+
+    fn record(&mut self, record: &ResultRecord) -> Result<()> {
+        let line = serde_json::to_string(record)
+            .map_err(|e| Error::invalid(format!("cannot serialise a result: {e}")))?;
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.tokens += record.new_tokens;
+        let rate = self.tokens as f64 / self.started.elapsed().as_secs_f64().max(1e-9);
+        self.bar
+            .set_message(format!("{} · {rate:.1} tok/s", self.label));
+        self.bar.inc(1);
+        Ok(())
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+/// The run's setting, for the head of summary.md.
+fn describe(
+    config: &ExperimentConfig,
+    target: &LoadedModel,
+    drafts: &BTreeMap<String, LoadedModel>,
+    device: &candle_core::Device,
+    prompts: usize,
+) -> String {
+    let model = |m: &LoadedModel| {
+        let i = m.model.info();
+        format!(
+            "`{}` ({}, {:.1}M parameters, {} layers, {:?}{})",
+            m.dir.display(),
+            i.arch,
+            i.param_count as f64 / 1e6,
+            i.num_layers,
+            i.dtype,
+            i.sliding_window
+                .map_or_else(String::new, |w| format!(", sliding window {w}")),
+        )
+    };
+    let mut s = format!("* target: {}\n", model(target));
+    for (name, d) in drafts {
+        s += &format!("* drafter `{name}`: {}\n", model(d));
+    }
+    s + &format!(
+        "* device: {:?}; prompts: {prompts} from `{}`; max_new_tokens: {}; seed: {}\n\
+         * resolved config: `config.toml`; per-generation records: `results.jsonl`",
+        device.location(),
+        config.dataset.path.display(),
+        config.max_new_tokens,
+        config.seed
+    )
+}

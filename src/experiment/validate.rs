@@ -1,0 +1,246 @@
+//! Validation of an [`ExperimentConfig`]: the structure (no file system) and, separately, the
+//! paths it names, so configs for checkpoints that are not on this machine still validate.
+use std::path::Path;
+
+use super::config::{DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method};
+use crate::error::{Error, Result};
+
+impl ExperimentConfig {
+    /// Checks every value against its allowed range; the error lists every problem, each
+    /// naming its key and the allowed values. Touches no files (see [`Self::check_paths`]).
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        if self.name.is_empty() || self.name.contains(['/', '\\']) || self.name.starts_with('.') {
+            problems.push(format!(
+                "name = {:?}: must be a non-empty folder name without '/' and not starting with '.'",
+                self.name
+            ));
+        }
+        if self.max_new_tokens == 0 {
+            problems.push("max_new_tokens = 0: must be >= 1".into());
+        }
+        for (name, drafter) in &self.drafters {
+            check_drafter(name, drafter, &mut problems);
+        }
+        self.check_dataset(&mut problems);
+        self.check_sweep(&mut problems);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid(problems.join("\n")))
+        }
+    }
+
+    /// Checks that the files the run needs exist: the target's and the used draft models'
+    /// directories (with a config.json) and the dataset. Run before any long work.
+    pub fn check_paths(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        check_model_dir("target.path", &self.target.path, &mut problems);
+        for name in self.used_drafters() {
+            if let Some(DrafterConfig {
+                kind: DrafterKind::Model,
+                path: Some(path),
+                ..
+            }) = self.drafters.get(name)
+            {
+                check_model_dir(&format!("drafters.{name}.path"), path, &mut problems);
+            }
+        }
+        if !self.dataset.path.is_file() {
+            problems.push(format!(
+                "dataset.path = {:?}: no such file",
+                self.dataset.path.display().to_string()
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::invalid(problems.join("\n")))
+        }
+    }
+
+    /// Names of the drafters the sweep runs (none without a speculative method).
+    pub fn used_drafters(&self) -> Vec<&str> {
+        if !self.sweep.methods().contains(&Method::Speculative) {
+            return Vec::new();
+        }
+        match &self.sweep.drafter {
+            Some(names) => names.iter().map(String::as_str).collect(),
+            None => self.drafters.keys().map(String::as_str).collect(),
+        }
+    }
+
+    /// The largest draft length any point can use (slack rings are sized for it).
+    pub fn max_gamma(&self) -> usize {
+        self.sweep
+            .gamma
+            .iter()
+            .map(|g| match g {
+                GammaChoice::Fixed(g) => *g,
+                GammaChoice::Adaptive => self.sweep.adaptive.max,
+            })
+            .max()
+            .unwrap_or(1)
+    }
+
+    fn check_dataset(&self, problems: &mut Vec<String>) {
+        if self.dataset.limit == Some(0) {
+            problems
+                .push("dataset.limit = 0: must be >= 1 (leave it out to use every prompt)".into());
+        }
+        if let Some(categories) = &self.dataset.categories {
+            if categories.is_empty() {
+                problems.push(
+                    "dataset.categories = []: name at least one category or leave it out".into(),
+                );
+            }
+        }
+    }
+
+    fn check_sweep(&self, problems: &mut Vec<String>) {
+        let sweep = &self.sweep;
+        let allowed = "allowed values: \"autoregressive\", \"speculative\"";
+        if sweep.methods().is_empty() {
+            problems.push(format!(
+                "sweep.method = []: name at least one method; {allowed}"
+            ));
+        }
+        let speculative = sweep.methods().contains(&Method::Speculative);
+        if speculative {
+            self.check_sweep_drafters(problems);
+        }
+        let gammas = sweep.gamma.iter();
+        for g in gammas.filter(|g| **g == GammaChoice::Fixed(0)) {
+            problems.push(format!(
+                "sweep.gamma = {g}: draft lengths must be >= 1 (or \"adaptive\")"
+            ));
+        }
+        if speculative && sweep.gamma.is_empty() {
+            problems.push(
+                "sweep.gamma = []: name at least one draft length (>= 1) or \"adaptive\"".into(),
+            );
+        }
+        let a = sweep.adaptive;
+        if a.min == 0 || a.min > a.max || a.start < a.min || a.start > a.max {
+            problems.push(format!(
+                "sweep.adaptive = {{ min = {}, max = {}, start = {} }}: need 1 <= min <= start <= max",
+                a.min, a.max, a.start
+            ));
+        }
+        for t in sweep
+            .temperature
+            .iter()
+            .filter(|t| !(**t >= 0.0 && t.is_finite()))
+        {
+            problems.push(format!(
+                "sweep.temperature = {t}: must be a finite number >= 0 (0 = greedy)"
+            ));
+        }
+        for p in sweep.top_p.iter().filter(|p| !(**p > 0.0 && **p <= 1.0)) {
+            problems.push(format!(
+                "sweep.top_p = {p}: must be in (0, 1] (1 = no nucleus filter)"
+            ));
+        }
+        for (key, empty) in [
+            ("temperature", sweep.temperature.is_empty()),
+            ("top_k", sweep.top_k.is_empty()),
+            ("top_p", sweep.top_p.is_empty()),
+        ] {
+            if empty {
+                problems.push(format!("sweep.{key} = []: give at least one value"));
+            }
+        }
+        if sweep.cache.is_empty() {
+            problems.push("sweep.cache = []: allowed values: \"staged\", \"slack\"".into());
+        }
+    }
+
+    fn check_sweep_drafters(&self, problems: &mut Vec<String>) {
+        let defined: Vec<&str> = self.drafters.keys().map(String::as_str).collect();
+        if defined.is_empty() {
+            problems.push(
+                "sweep.method includes \"speculative\" but no drafter is defined: add a [drafters.<name>] table".into(),
+            );
+            return;
+        }
+        if let Some(names) = &self.sweep.drafter {
+            if names.is_empty() {
+                problems.push(format!(
+                    "sweep.drafter = []: name at least one of the defined drafters: {}",
+                    defined.join(", ")
+                ));
+            }
+            for name in names.iter().filter(|n| !self.drafters.contains_key(*n)) {
+                problems.push(format!(
+                    "sweep.drafter = {name:?}: no [drafters.{name}] table; defined drafters: {}",
+                    defined.join(", ")
+                ));
+            }
+        }
+    }
+}
+
+fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
+    let key = format!("drafters.{name}");
+    match d.kind {
+        DrafterKind::Model => {
+            if d.path.is_none() {
+                problems.push(format!(
+                    "{key}.path: required for kind = \"model\" (the draft's model directory)"
+                ));
+            }
+            for (field, set) in [
+                ("min_ngram", d.min_ngram.is_some()),
+                ("max_ngram", d.max_ngram.is_some()),
+            ] {
+                if set {
+                    problems.push(format!("{key}.{field}: does not apply to kind = \"model\""));
+                }
+            }
+            if let Some(c) = d.confidence {
+                if !(c > 0.0 && c < 1.0) {
+                    problems.push(format!("{key}.confidence = {c}: must be in (0, 1)"));
+                }
+            }
+        }
+        DrafterKind::Ngram => {
+            for (field, set) in [
+                ("path", d.path.is_some()),
+                ("confidence", d.confidence.is_some()),
+            ] {
+                if set {
+                    problems.push(format!("{key}.{field}: does not apply to kind = \"ngram\""));
+                }
+            }
+            let (min, max) = d.ngram_sizes();
+            if min == 0 || min > max {
+                problems.push(format!(
+                    "{key}: n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got min_ngram = {min}, max_ngram = {max}"
+                ));
+            }
+        }
+    }
+}
+
+impl DrafterConfig {
+    /// `(min_ngram, max_ngram)` with defaults filled in.
+    pub fn ngram_sizes(&self) -> (usize, usize) {
+        (
+            self.min_ngram.unwrap_or(super::config::DEFAULT_MIN_NGRAM),
+            self.max_ngram.unwrap_or(super::config::DEFAULT_MAX_NGRAM),
+        )
+    }
+}
+
+fn check_model_dir(key: &str, path: &Path, problems: &mut Vec<String>) {
+    let shown = path.display();
+    if !path.is_dir() {
+        problems.push(format!(
+            "{key} = \"{shown}\": no such directory (expected a Hugging Face model directory)"
+        ));
+    } else if !path.join("config.json").is_file() {
+        problems.push(format!(
+            "{key} = \"{shown}\": no config.json in it (expected a Hugging Face model directory)"
+        ));
+    }
+}

@@ -1,0 +1,327 @@
+//! Every shipped config parses and validates, and each kind of bad input is rejected with a
+//! message naming the key, file or line at fault.
+//!
+//! Structure and paths are checked separately: the configs for real checkpoints name model
+//! directories that exist only on the machines that downloaded them, so only
+//! `configs/default.toml` (whose models ship in `models/`) must pass `check_paths`.
+use std::path::{Path, PathBuf};
+
+use specdec::experiment::{
+    apply_override, load_prompts, sweep_points, DatasetConfig, ExperimentConfig, GammaChoice,
+    Method,
+};
+
+fn shipped_configs() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir("configs")
+        .expect("configs/ exists")
+        .map(|e| e.expect("readable entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Writes `text` as a config file in a fresh temp dir; returns both (the dir must live).
+fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exp.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+fn load_err(text: &str) -> String {
+    let (_dir, path) = config_file(text);
+    let err = ExperimentConfig::load(&path, &[]).expect_err("config must be rejected");
+    err.to_string()
+}
+
+#[test]
+fn every_shipped_config_parses_and_validates() {
+    let paths = shipped_configs();
+    assert!(
+        paths.len() >= 4,
+        "expected the default and three checkpoint configs: {paths:?}"
+    );
+    for path in paths {
+        let config = ExperimentConfig::load(&path, &[])
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            !sweep_points(&config).is_empty(),
+            "{}: empty sweep",
+            path.display()
+        );
+        // The resolved config written to a result folder reads back to the same config.
+        let again = ExperimentConfig::from_toml(&config.to_toml().unwrap()).unwrap();
+        assert_eq!(again, config, "{}", path.display());
+        // Their datasets ship with the repository and parse.
+        if config.dataset.path.exists() || Path::new("models/target").exists() {
+            let prompts = load_prompts(&config.dataset);
+            assert!(prompts.is_ok(), "{}: {:?}", path.display(), prompts.err());
+        } else {
+            eprintln!("{}: prompts and models not present yet", path.display());
+        }
+    }
+}
+
+#[test]
+fn default_config_names_existing_models() {
+    let config = ExperimentConfig::load(Path::new("configs/default.toml"), &[]).unwrap();
+    if !Path::new("models/target/config.json").exists() {
+        eprintln!("models/ not present yet: path check skipped");
+        return;
+    }
+    config.check_paths().unwrap();
+}
+
+#[test]
+fn every_key_has_a_default() {
+    let config = ExperimentConfig::from_toml("").unwrap();
+    config.validate().unwrap();
+    assert_eq!(
+        config.sweep.methods(),
+        [Method::Autoregressive],
+        "no drafter, no speculation"
+    );
+    let config = ExperimentConfig::from_toml("[drafters.a]\nkind = \"ngram\"").unwrap();
+    assert_eq!(
+        config.sweep.methods(),
+        [Method::Autoregressive, Method::Speculative]
+    );
+    assert_eq!(config.max_new_tokens, 128);
+    assert_eq!(config.target.path, Path::new("models/target"));
+    // No drafter defined: the default sweep is autoregressive only where nothing else applies.
+    let (_dir, path) = config_file("[sweep]\nmethod = \"autoregressive\"\n");
+    let config = ExperimentConfig::load(&path, &[]).unwrap();
+    assert_eq!(config.name, "exp", "the name defaults to the file stem");
+    let points = sweep_points(&config);
+    assert_eq!(points.len(), 1);
+    assert_eq!(points[0].method, Method::Autoregressive);
+}
+
+#[test]
+fn scalars_are_accepted_where_lists_are_and_autoregressive_points_are_not_multiplied() {
+    let text = r#"
+        [drafters.a]
+        kind = "ngram"
+        [drafters.b]
+        kind = "ngram"
+        max_ngram = 4
+        [sweep]
+        gamma = [1, 2, "adaptive"]
+        temperature = 1
+        top_k = [0, 20]
+        cache = ["staged", "slack"]
+    "#;
+    let config = ExperimentConfig::from_toml(text).unwrap();
+    config.validate().unwrap();
+    assert_eq!(*config.sweep.temperature, [1.0]);
+    assert_eq!(config.sweep.gamma[2], GammaChoice::Adaptive);
+    let points = sweep_points(&config);
+    let ar = points
+        .iter()
+        .filter(|p| p.method == Method::Autoregressive)
+        .count();
+    assert_eq!(ar, 2 * 2, "one autoregressive point per top_k × cache");
+    assert_eq!(
+        points.len() - ar,
+        2 * 2 * 2 * 3,
+        "drafters × γ per top_k × cache"
+    );
+    assert!(
+        points[..ar]
+            .iter()
+            .all(|p| p.method == Method::Autoregressive),
+        "baselines first"
+    );
+    assert_eq!(config.max_gamma(), config.sweep.adaptive.max);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = load_err("[sweep]\ngama = [2]\n");
+    assert!(err.contains("gama"), "{err}");
+    let err = load_err("[drafters.small]\nkind = \"model\"\npath = \"x\"\nconfidense = 0.5\n");
+    assert!(err.contains("confidense"), "{err}");
+    let err = load_err("nmae = \"x\"\n");
+    assert!(err.contains("nmae"), "{err}");
+}
+
+#[test]
+fn bad_values_name_the_key_and_the_allowed_values() {
+    for (text, key, allowed) in [
+        ("[sweep]\ngamma = 0\n", "sweep.gamma", ">= 1"),
+        ("[sweep]\ngamma = [2, 0]\n", "sweep.gamma", ">= 1"),
+        ("[sweep]\ngamma = -1\n", "gamma", ">= 1"),
+        ("[sweep]\ngamma = \"auto\"\n", "gamma", "adaptive"),
+        ("[sweep]\ntemperature = -0.5\n", "sweep.temperature", ">= 0"),
+        ("[sweep]\ntop_p = 0.0\n", "sweep.top_p", "(0, 1]"),
+        ("[sweep]\ntop_p = 1.5\n", "sweep.top_p", "(0, 1]"),
+        ("[sweep]\nmethod = \"beam\"\n", "beam", "speculative"),
+        ("[sweep]\ncache = \"ring\"\n", "ring", "slack"),
+        ("device = \"tpu\"\n", "tpu", "metal"),
+        ("dtype = \"f8\"\n", "f8", "bf16"),
+        ("max_new_tokens = 0\n", "max_new_tokens", ">= 1"),
+        ("[dataset]\nlimit = 0\n", "dataset.limit", ">= 1"),
+        (
+            "[drafters.a]\nkind = \"ngram\"\n[sweep]\ndrafter = \"b\"\n",
+            "sweep.drafter",
+            "defined drafters: a",
+        ),
+        (
+            "[sweep]\nmethod = \"speculative\"\n",
+            "speculative",
+            "[drafters.<name>]",
+        ),
+        (
+            "[drafters.a]\nkind = \"model\"\n",
+            "drafters.a.path",
+            "required",
+        ),
+        (
+            "[drafters.a]\nkind = \"ngram\"\npath = \"x\"\n",
+            "drafters.a.path",
+            "does not apply",
+        ),
+        (
+            "[drafters.a]\nkind = \"ngram\"\nmin_ngram = 4\n",
+            "drafters.a",
+            "min_ngram <= max_ngram",
+        ),
+        ("[drafters.a]\nkind = \"lookup\"\n", "lookup", "ngram"),
+        (
+            "[drafters.a]\nkind = \"model\"\npath = \"x\"\nconfidence = 1.5\n",
+            "drafters.a.confidence",
+            "(0, 1)",
+        ),
+        (
+            "[sweep.adaptive]\nmin = 4\nmax = 2\n",
+            "sweep.adaptive",
+            "min <= start <= max",
+        ),
+    ] {
+        let err = load_err(text);
+        assert!(
+            err.contains(key) && err.contains(allowed),
+            "{text:?} gave: {err}"
+        );
+    }
+}
+
+#[test]
+fn missing_paths_are_named_before_any_work() {
+    let text = r#"
+        [target]
+        path = "no/such/target"
+        [drafters.small]
+        kind = "model"
+        path = "no/such/draft"
+        [dataset]
+        path = "no/such/prompts.jsonl"
+    "#;
+    let config = ExperimentConfig::from_toml(text).unwrap();
+    config.validate().expect("the structure is fine");
+    let err = config.check_paths().unwrap_err().to_string();
+    for needle in [
+        "target.path",
+        "no/such/target",
+        "drafters.small.path",
+        "no/such/draft",
+        "dataset.path",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    // A directory without config.json is not a model directory.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config;
+    config.target.path = dir.path().to_path_buf();
+    let err = config.check_paths().unwrap_err().to_string();
+    assert!(err.contains("no config.json"), "{err}");
+}
+
+#[test]
+fn unreadable_dataset_line_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &path,
+        "{\"id\": \"a\", \"prompt\": \"x\"}\n\n{\"id\": \"b\", \"prompt\": \n",
+    )
+    .unwrap();
+    let config = DatasetConfig {
+        path: path.clone(),
+        ..DatasetConfig::default()
+    };
+    let err = load_prompts(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("prompts.jsonl") && err.contains("line 3"),
+        "{err}"
+    );
+    std::fs::write(&path, "{\"id\": \"a\", \"text\": \"x\"}\n").unwrap();
+    let err = load_prompts(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("line 1") && err.contains("\"prompt\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn spec_bench_is_read_as_it_is() {
+    let mut config = DatasetConfig {
+        path: "configs/prompts/spec_bench_question.jsonl".into(),
+        ..DatasetConfig::default()
+    };
+    assert_eq!(load_prompts(&config).unwrap().len(), 480);
+    config.categories = Some(specdec::experiment::List(vec![
+        "coding".into(),
+        "math".into(),
+    ]));
+    let prompts = load_prompts(&config).unwrap();
+    assert_eq!(prompts.len(), 20);
+    assert!(prompts
+        .iter()
+        .all(|p| matches!(p.category.as_deref(), Some("coding" | "math"))));
+    config.limit = Some(3);
+    assert_eq!(load_prompts(&config).unwrap().len(), 3);
+    config.categories = Some(specdec::experiment::List(vec!["codng".into()]));
+    let err = load_prompts(&config).unwrap_err().to_string();
+    assert!(err.contains("codng") && err.contains("coding"), "{err}");
+}
+
+#[test]
+fn overrides_are_dotted_paths_with_toml_values() {
+    let (_dir, path) = config_file("[dataset]\nlimit = 8\n[drafters.a]\nkind = \"ngram\"\n");
+    let sets = [
+        "dataset.limit=2",
+        "sweep.gamma=[1, 3]",
+        "name=my run",
+        "drafters.a.max_ngram = 5",
+        "sweep.temperature=0.7",
+    ]
+    .map(String::from);
+    let config = ExperimentConfig::load(&path, &sets).unwrap();
+    assert_eq!(config.dataset.limit, Some(2));
+    assert_eq!(
+        *config.sweep.gamma,
+        [GammaChoice::Fixed(1), GammaChoice::Fixed(3)]
+    );
+    assert_eq!(config.name, "my run");
+    assert_eq!(config.drafters["a"].max_ngram, Some(5));
+    assert_eq!(*config.sweep.temperature, [0.7]);
+    // Overrides are validated like the file.
+    let err = ExperimentConfig::load(&path, &["sweep.gamma=0".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sweep.gamma"), "{err}");
+    let err = ExperimentConfig::load(&path, &["sweep.gama=2".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gama"), "{err}");
+    let mut table = toml::Table::new();
+    assert!(apply_override(&mut table, "no-equals-sign").is_err());
+    assert!(apply_override(&mut table, "a..b=1").is_err());
+    apply_override(&mut table, "seed=3").unwrap();
+    let err = apply_override(&mut table, "seed.x=1")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`seed` is a value"), "{err}");
+}

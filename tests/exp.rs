@@ -1,0 +1,464 @@
+//! The experiment runner end to end: records, summaries and plots from a sweep over a toy
+//! model, then the `exp` binary on the shipped models (when present) and on bad input.
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use common::Toy;
+use specdec::experiment::{
+    csv, summarize, sweep_points, write_plots, DraftSource, EncodedPrompt, ExperimentConfig,
+    Method, ResultRecord, Session, SweepObserver,
+};
+
+struct Quiet;
+impl SweepObserver for Quiet {}
+
+const TOY_CONFIG: &str = r#"
+    seed = 7
+    max_new_tokens = 40
+    warmup = false
+    [drafters.toy]
+    kind = "model"
+    path = "unused"
+    [drafters.lookup]
+    kind = "ngram"
+    [sweep]
+    gamma = [1, 3, "adaptive"]
+    temperature = [0.0, 1.0]
+    cache = ["staged", "slack"]
+"#;
+
+fn toy_session(decode: &dyn Fn(&[u32]) -> specdec::Result<String>) -> Session<'_, Toy> {
+    // A window of 8 makes the rotating caches wrap many times in 40 tokens.
+    let target = Toy::new(48, 16, 1, 3.0, Some(8)).with_successor_bias(2.0);
+    let draft = Toy::new(48, 16, 1, 2.0, Some(8)).with_successor_bias(3.0);
+    let mut drafters = BTreeMap::new();
+    drafters.insert(
+        "toy".to_string(),
+        DraftSource::Model {
+            model: Arc::new(draft),
+            confidence: None,
+        },
+    );
+    drafters.insert(
+        "lookup".to_string(),
+        DraftSource::Ngram {
+            min_ngram: 1,
+            max_ngram: 3,
+        },
+    );
+    let prompts = [vec![1, 2, 3, 4, 1, 2], vec![5, 9, 30, 31, 7], vec![40; 12]]
+        .into_iter()
+        .enumerate()
+        .map(|(i, tokens)| EncodedPrompt {
+            id: format!("p{i}"),
+            category: None,
+            tokens,
+        })
+        .collect();
+    Session {
+        target: Arc::new(target),
+        drafters,
+        prompts,
+        decode,
+    }
+}
+
+fn by_key(records: &[ResultRecord]) -> BTreeMap<(String, String), &ResultRecord> {
+    records
+        .iter()
+        .map(|r| ((r.label.clone(), r.prompt_id.clone()), r))
+        .collect()
+}
+
+#[test]
+fn toy_sweep_records_summaries_and_plots() {
+    let config = ExperimentConfig::from_toml(TOY_CONFIG).unwrap();
+    config.validate().unwrap();
+    let decode = |ids: &[u32]| Ok(format!("{ids:?}"));
+    let session = toy_session(&decode);
+    let points = sweep_points(&config);
+    // 2 temperatures × 2 caches autoregressive; × 2 drafters × 3 γ speculative.
+    assert_eq!(points.len(), 4 + 4 * 6);
+    let records = session.run(&config, &points, &mut Quiet).unwrap();
+    assert_eq!(records.len(), points.len() * 3);
+
+    // Greedy speculative output equals the greedy autoregressive output of the same prompt,
+    // for every drafter, γ and cache strategy.
+    let ar: Vec<&ResultRecord> = records
+        .iter()
+        .filter(|r| r.method == Method::Autoregressive && r.temperature == 0.0)
+        .collect();
+    for r in records.iter().filter(|r| r.temperature == 0.0) {
+        let base = ar.iter().find(|a| a.prompt_id == r.prompt_id).unwrap();
+        assert_eq!(r.output_ids, base.output_ids, "{} {}", r.label, r.prompt_id);
+    }
+    for r in &records {
+        assert_eq!(r.new_tokens, r.output_ids.len());
+        assert_eq!(
+            r.new_tokens, 40,
+            "no EOS in the toy: max_new_tokens ends it"
+        );
+        assert_eq!(r.output_text, format!("{:?}", r.output_ids));
+        assert_eq!(r.accepted.len(), r.proposed.len());
+        assert!(r.accepted.iter().zip(&r.proposed).all(|(a, p)| a <= p));
+        assert!(r.wall_s >= r.prefill_s + r.draft_s + r.verify_s - 1e-6);
+        if r.method == Method::Autoregressive {
+            assert_eq!(r.target_forwards, r.new_tokens);
+            assert!(r.proposed.is_empty());
+        } else {
+            assert_eq!(r.target_forwards, 1 + r.proposed.len());
+        }
+    }
+
+    let rows = summarize(&points, &records);
+    assert_eq!(rows.len(), points.len());
+    for row in &rows {
+        assert!(
+            row.speedup.is_some(),
+            "{}: every point has a baseline",
+            row.label
+        );
+        if row.settings.method == Method::Autoregressive {
+            assert_eq!(row.tau, Some(1.0));
+            assert_eq!(row.alpha, None);
+        } else {
+            let alpha = row.alpha.unwrap();
+            assert!((0.0..=1.0).contains(&alpha), "{}: α = {alpha}", row.label);
+            assert!(row.tau.unwrap() >= 1.0);
+            assert!(row.acceptance_at.iter().all(|a| (0.0..=1.0).contains(a)));
+            assert!(row.predicted_speedup.is_some(), "{}", row.label);
+        }
+    }
+    // A model draft that agrees sometimes: greedy acceptance strictly between 0 and 1.
+    let toy_greedy = rows
+        .iter()
+        .find(|r| r.label == "toy γ=3 T=0 staged")
+        .unwrap();
+    let alpha = toy_greedy.alpha.unwrap();
+    assert!(alpha > 0.0 && alpha < 1.0, "α = {alpha}");
+    assert_eq!(toy_greedy.acceptance_at.len(), 3);
+
+    let table = csv(&rows);
+    assert_eq!(table.lines().count(), 1 + rows.len());
+    assert!(table.lines().next().unwrap().contains(",alpha,tau,"));
+    assert!(table.lines().next().unwrap().contains(",accept_pos_3"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let plots = write_plots(dir.path(), &rows).unwrap();
+    assert_eq!(plots.len(), 3);
+    for plot in plots {
+        let svg = std::fs::read_to_string(&plot).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<text"),
+            "{}",
+            plot.display()
+        );
+        assert!(
+            svg.contains("toy") && svg.contains("T=0 staged"),
+            "{}: legend",
+            plot.display()
+        );
+    }
+}
+
+#[test]
+fn same_config_and_seed_give_the_same_tokens() {
+    let config = ExperimentConfig::from_toml(TOY_CONFIG).unwrap();
+    let decode = |ids: &[u32]| Ok(format!("{ids:?}"));
+    let points: Vec<_> = sweep_points(&config)
+        .into_iter()
+        .filter(|p| p.temperature > 0.0 && p.cache == specdec::experiment::CacheChoice::Slack)
+        .collect();
+    let first = toy_session(&decode)
+        .run(&config, &points, &mut Quiet)
+        .unwrap();
+    let second = toy_session(&decode)
+        .run(&config, &points, &mut Quiet)
+        .unwrap();
+    let (a, b) = (by_key(&first), by_key(&second));
+    assert_eq!(a.len(), b.len());
+    for (key, r) in &a {
+        assert_eq!(r.output_ids, b[key].output_ids, "{key:?}");
+        assert_eq!(r.accepted, b[key].accepted, "{key:?}");
+        assert_eq!(r.seed, b[key].seed);
+    }
+    // Different prompts and points draw from different seeds.
+    let seeds: std::collections::BTreeSet<u64> = first.iter().map(|r| r.seed).collect();
+    assert_eq!(seeds.len(), first.len());
+}
+
+#[test]
+fn cache_strategies_give_identical_sampled_outputs() {
+    // Points differing only in the cache strategy share their seeds, and both strategies
+    // are exact: every record of a slack point equals its staged twin, sampled ones included.
+    let config = ExperimentConfig::from_toml(TOY_CONFIG).unwrap();
+    let decode = |ids: &[u32]| Ok(format!("{ids:?}"));
+    let points = sweep_points(&config);
+    let records = toy_session(&decode)
+        .run(&config, &points, &mut Quiet)
+        .unwrap();
+    let staged = by_key(&records);
+    let mut compared = 0;
+    for r in records.iter().filter(|r| r.label.ends_with(" slack")) {
+        let twin = r.label.replace(" slack", " staged");
+        let s = staged[&(twin, r.prompt_id.clone())];
+        assert_eq!(
+            (r.seed, &r.output_ids, &r.accepted),
+            (s.seed, &s.output_ids, &s.accepted),
+            "{}",
+            r.label
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, records.len() / 2);
+}
+
+// ---- the `exp` binary ----
+
+fn exp(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_exp"))
+        .args(args)
+        .arg("--no-progress")
+        .output()
+        .expect("exp runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn models_present() -> bool {
+    let present = Path::new("models/target/config.json").exists()
+        && Path::new("models/draft/config.json").exists()
+        && Path::new("configs/prompts/code.jsonl").exists();
+    if !present {
+        eprintln!("models/ or configs/prompts/code.jsonl not present: skipped");
+    }
+    present
+}
+
+#[test]
+fn help_explains_every_option() {
+    let out = Command::new(env!("CARGO_BIN_EXE_exp"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for needle in [
+        "CONFIG",
+        "--out",
+        "--set",
+        "KEY=VALUE",
+        "run",
+        "configs/default.toml",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}:\n{help}");
+    }
+}
+
+#[test]
+fn bad_input_fails_with_a_message_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[sweep]\ngama = 2\n").unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![bad.to_str().unwrap()], "gama"),
+        (
+            vec!["configs/default.toml", "--set", "sweep.gamma=0"],
+            "sweep.gamma",
+        ),
+        (
+            vec![
+                "run",
+                "configs/default.toml",
+                "--set",
+                "target.path=no/such/model",
+            ],
+            "no/such/model",
+        ),
+        (vec!["no/such/config.toml"], "no/such/config.toml"),
+    ];
+    for (args, needle) in cases {
+        let mut args = args;
+        args.extend(["--out", out]);
+        let (ok, _, stderr) = exp(&args);
+        assert!(!ok, "{args:?} must fail");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!Path::new(out).exists(), "{args:?} left a result folder");
+    }
+}
+
+/// A copy of the draft whose tokenizer has one token more than the target's.
+fn draft_with_other_vocabulary(dir: &Path) -> PathBuf {
+    let copy = dir.join("draft");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir("models/draft").unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let path = copy.join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let next = vocab.len();
+    vocab.insert("<extra-token>".into(), serde_json::json!(next));
+    std::fs::write(&path, tok.to_string()).unwrap();
+    copy
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_rejected() {
+    if !models_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let draft = draft_with_other_vocabulary(dir.path());
+    let set = format!("drafters.small.path={}", draft.display());
+    let out = dir.path().join("out");
+    let (ok, _, stderr) = exp(&["--set", &set, "--out", out.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("drafters.small") && stderr.contains("vocabulary"),
+        "{stderr}"
+    );
+    let sizes = ["1025", "1024"];
+    assert!(
+        sizes.iter().all(|s| stderr.contains(s)),
+        "names both sizes: {stderr}"
+    );
+    assert!(
+        stderr.contains(&draft.join("tokenizer.json").display().to_string()),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn exp_runs_a_small_config_on_the_shipped_models() {
+    if !models_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let sets = [
+        "dataset.limit=2",
+        "max_new_tokens=24",
+        "sweep.gamma=[2, 4]",
+        "sweep.temperature=[0.0, 1.0]",
+        "sweep.cache=[\"staged\", \"slack\"]",
+    ];
+    let mut args = vec![
+        "run",
+        "configs/default.toml",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let (ok, stdout, stderr) = exp(&args);
+    assert!(ok, "exp failed: {stderr}");
+    assert!(stdout.contains("| # | method"), "{stdout}");
+    check_result_folder(&out);
+}
+
+fn check_result_folder(out: &Path) {
+    for file in ["config.toml", "results.jsonl", "summary.md", "summary.csv"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let config = ExperimentConfig::load(&out.join("config.toml"), &[]).unwrap();
+    assert_eq!(
+        config.dataset.limit,
+        Some(2),
+        "the resolved config holds the overrides"
+    );
+    let points = sweep_points(&config);
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), points.len() * 2);
+    for key in [
+        "method",
+        "drafter",
+        "gamma",
+        "temperature",
+        "top_k",
+        "top_p",
+        "cache",
+        "prompt_id",
+        "prompt_tokens",
+        "output_ids",
+        "output_text",
+        "new_tokens",
+        "accepted",
+        "proposed",
+        "accepted_at",
+        "proposed_at",
+        "target_forwards",
+        "draft_forwards",
+        "wall_s",
+        "prefill_s",
+        "draft_s",
+        "verify_s",
+        "tokens_per_s",
+        "stop_reason",
+    ] {
+        assert!(
+            records.iter().all(|r| r.get(key).is_some()),
+            "field {key} missing"
+        );
+    }
+    let typed: Vec<ResultRecord> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for r in typed.iter().filter(|r| r.temperature == 0.0) {
+        let base = typed
+            .iter()
+            .find(|a| {
+                a.method == Method::Autoregressive
+                    && a.temperature == 0.0
+                    && a.prompt_id == r.prompt_id
+            })
+            .unwrap();
+        assert_eq!(
+            r.output_ids, base.output_ids,
+            "{} on {}",
+            r.label, r.prompt_id
+        );
+    }
+    let rows = summarize(&points, &typed);
+    for row in rows
+        .iter()
+        .filter(|r| r.settings.method == Method::Speculative)
+    {
+        let alpha = row.alpha.unwrap_or(0.0);
+        assert!((0.0..=1.0).contains(&alpha), "{}", row.label);
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    for p in &points {
+        assert!(
+            summary.contains(&p.setting_label()),
+            "{} missing in summary.md",
+            p.label()
+        );
+    }
+    assert!(
+        summary.contains("τ") && summary.contains("prefill"),
+        "definitions"
+    );
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert_eq!(csv.lines().count(), points.len() + 1);
+    let plots = std::fs::read_dir(out.join("plots")).unwrap().count();
+    assert_eq!(plots, 3);
+}
