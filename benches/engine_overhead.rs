@@ -1,0 +1,119 @@
+//! The engine's own cost: time per speculative generation spent outside the model forwards
+//! (sampling, verification, cache commits, drafting bookkeeping), side by side with the
+//! whole generation, on the default model pair on CPU (`models/target`, `models/draft`).
+//!
+//! Two measurements of the same runs: `total` (wall time) and `engine` (wall time minus the
+//! time inside target and draft forwards). Their ratio is the engine's overhead; the bench
+//! prints it after the runs (the target is under 5%).
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use criterion::{criterion_group, criterion_main, Criterion};
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::models::{LoadOptions, Model};
+use specdec::spec::{
+    speculative, GammaPolicy, GenParams, LanguageModel, ModelDrafter, SamplingParams,
+};
+
+/// A model that adds the time spent in its forwards to a shared counter.
+struct Timed {
+    model: Model,
+    spent: Arc<TimeCell>,
+}
+
+#[derive(Default)]
+struct TimeCell(Cell<Duration>);
+
+impl LanguageModel for Timed {
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> specdec::Result<Tensor> {
+        let start = Instant::now();
+        let out = self.model.forward(tokens, cache);
+        self.spent.0.set(self.spent.0.get() + start.elapsed());
+        out
+    }
+    fn new_cache(&self, strategy: RotatingStrategy) -> specdec::Result<ModelCache> {
+        self.model.new_cache(strategy)
+    }
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        self.model.eos_token_ids()
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let load = |name: &str| Model::load(&root.join(name), &LoadOptions::default());
+    let (target, draft) = match (load("target"), load("draft")) {
+        (Ok(t), Ok(d)) => (t, d),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("engine_overhead: default models not loadable ({e}); skipping");
+            return;
+        }
+    };
+    let spent = Arc::new(TimeCell::default());
+    let target = Timed {
+        model: target,
+        spent: spent.clone(),
+    };
+    let draft = Arc::new(Timed {
+        model: draft,
+        spent: spent.clone(),
+    });
+    let strategy = RotatingStrategy::Slack { max_draft: 4 };
+    let mut drafter = ModelDrafter::new("draft", draft, strategy, None).expect("drafter");
+    let mut cache = target.new_cache(strategy).expect("cache");
+    let prompt: Vec<u32> = (0..32).map(|i| (i * 7 + 3) % 200).collect();
+    let params = GenParams {
+        max_new_tokens: 64,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(4),
+        stop_at_eos: false,
+    };
+    let mut run = || {
+        spent.0.set(Duration::ZERO);
+        let start = Instant::now();
+        let mut rng = StdRng::seed_from_u64(0);
+        speculative(
+            &target,
+            &mut cache,
+            &mut drafter,
+            &prompt,
+            &params,
+            &mut rng,
+        )
+        .expect("generation");
+        (start.elapsed(), spent.0.get())
+    };
+    let (mut wall_sum, mut engine_sum) = (Duration::ZERO, Duration::ZERO);
+    let mut group = c.benchmark_group("engine_overhead/64 tokens, γ=4, greedy");
+    group.sample_size(20);
+    group.bench_function("total", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| run().0).sum())
+    });
+    group.bench_function("engine", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let (wall, forwards) = run();
+                    wall_sum += wall;
+                    engine_sum += wall.saturating_sub(forwards);
+                    wall.saturating_sub(forwards)
+                })
+                .sum()
+        })
+    });
+    group.finish();
+    println!(
+        "engine_overhead: engine work is {:.2}% of a speculative generation",
+        100.0 * engine_sum.as_secs_f64() / wall_sum.as_secs_f64().max(f64::EPSILON)
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
