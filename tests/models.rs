@@ -574,6 +574,72 @@ fn multimodal_gemma3_reads_the_nested_text_model() {
 }
 
 #[test]
+fn gemma3_ignores_attn_logit_softcapping_like_transformers() {
+    let root = tempfile::tempdir().unwrap();
+    let case = tiny_cases()
+        .into_iter()
+        .find(|c| c.name == "gemma3")
+        .unwrap();
+    assert_eq!(case.v5["attn_logit_softcapping"], json!(5.0));
+    let capped = load(&write_tiny(root.path(), &case, true, DType::F32));
+    let dir = root.path().join("uncapped");
+    let config = merge(case.v5.clone(), json!({"attn_logit_softcapping": null}));
+    write_checkpoint(&dir, &config, &case.tiny.tensors("model."), DType::F32, 1);
+    let tokens = test_tokens(20, 64);
+    let (a, b) = (
+        full_logits(&capped, &tokens, STRATEGIES[0]),
+        full_logits(&load(&dir), &tokens, STRATEGIES[0]),
+    );
+    assert_eq!(rel_err(&a, &b), 0.0);
+
+    let config = merge(
+        case.v5.clone(),
+        json!({"use_bidirectional_attention": true}),
+    );
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    expect_error(&dir, &["config.json", "use_bidirectional_attention"]);
+}
+
+#[test]
+fn attention_softcap_decodes_incrementally() {
+    use specdec::models::{decoder_spec, HfConfig};
+    use specdec::nn::{Decoder, Weights};
+    let root = tempfile::tempdir().unwrap();
+    let case = tiny_cases()
+        .into_iter()
+        .find(|c| c.name == "gemma3")
+        .unwrap();
+    let dir = write_tiny(root.path(), &case, true, DType::F32);
+    let mut spec = decoder_spec(&HfConfig::read(&dir.join("config.json")).unwrap()).unwrap();
+    let weights = Weights::open(&dir, &Device::Cpu, DType::F32).unwrap();
+    let plain = Decoder::load(&spec, &weights).unwrap();
+    spec.attn_softcap = Some(0.5);
+    let capped = Decoder::load(&spec, &weights).unwrap();
+    let tokens = test_tokens(30, 64);
+    let run = |decoder: &Decoder, chunk: usize, strategy| {
+        let mut cache = decoder.new_cache(strategy).unwrap();
+        let rows: Vec<Tensor> = tokens
+            .chunks(chunk)
+            .map(|c| decoder.forward(c, &mut cache).unwrap())
+            .collect();
+        Tensor::cat(&rows, 0).unwrap()
+    };
+    let full = run(&capped, tokens.len(), STRATEGIES[0]);
+    assert!(
+        rel_err(&run(&plain, tokens.len(), STRATEGIES[0]), &full) > 1e-3,
+        "softcap has no effect"
+    );
+    for strategy in STRATEGIES {
+        assert_close(
+            "softcap, one token at a time",
+            &run(&capped, 1, strategy),
+            &full,
+        );
+        assert_close("softcap, chunks of 5", &run(&capped, 5, strategy), &full);
+    }
+}
+
+#[test]
 fn eos_ids_are_the_union_of_config_and_generation_config() {
     let root = tempfile::tempdir().unwrap();
     let dir = write_tiny(root.path(), &tiny_cases()[1], false, DType::F32);
@@ -747,6 +813,10 @@ fn fixture_dir(case: &str) -> PathBuf {
 fn fixture_variants(case: &str, tmp: &Path) -> Vec<(String, PathBuf)> {
     let dir = fixture_dir(case);
     let mut out = vec![(format!("{case} (config 5.x)"), dir.clone())];
+    if !dir.join("config.v4.json").is_file() {
+        eprintln!("{case}: no config.v4.json, 4.x spelling not checked");
+        return out;
+    }
     let copy = tmp.join(case);
     std::fs::create_dir_all(&copy).unwrap();
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -794,6 +864,7 @@ fn logits_match_transformers() {
         let expected =
             Tensor::from_vec(flat, (rows, model.info().vocab_size), &Device::Cpu).unwrap();
         let ours = full_logits(model, &reference.input_ids, STRATEGIES[0]);
+        eprintln!("{label}: relative error {:e}", rel_err(&ours, &expected));
         assert_close(
             &format!("{label}: logits vs transformers"),
             &ours,
@@ -815,4 +886,32 @@ fn fixtures_decode_incrementally_like_a_full_forward() {
     for_each_fixture(|label, model, reference| {
         check_incremental(model, &reference.input_ids, label);
     });
+}
+
+#[test]
+fn half_dtypes_run_on_the_cpu_close_to_f32() {
+    let root = tempfile::tempdir().unwrap();
+    let case = tiny_cases()
+        .into_iter()
+        .find(|c| c.name == "gemma3")
+        .unwrap();
+    let dir = write_tiny(root.path(), &case, true, DType::BF16);
+    let tokens = test_tokens(20, 64);
+    let f32_logits = full_logits(&load(&dir), &tokens, STRATEGIES[0]);
+    for (choice, dtype, tol) in [
+        (DTypeChoice::F16, DType::F16, 1e-2),
+        (DTypeChoice::BF16, DType::BF16, 5e-2),
+    ] {
+        let model = Model::load(
+            &dir,
+            &LoadOptions {
+                device: Device::Cpu,
+                dtype: choice,
+            },
+        )
+        .unwrap();
+        assert_eq!(model.info().dtype, dtype);
+        let err = rel_err(&full_logits(&model, &tokens, STRATEGIES[0]), &f32_logits);
+        assert!(err < tol, "{dtype:?}: relative error {err}");
+    }
 }

@@ -1,8 +1,12 @@
 //! Gemma 3 text (`model_type: "gemma3_text"`, or the `text_config` of a multimodal
 //! `"gemma3"` checkpoint): interleaved sliding and global layers with separate RoPE bases,
 //! `(1 + w)` RMSNorms around attention and MLP, q/k norms, gelu-tanh MLP, embeddings scaled
-//! by `sqrt(hidden_size)`, `query_pre_attn_scalar^-0.5` scaling, optional logit softcaps, and
-//! always-tied embeddings.
+//! by `sqrt(hidden_size)`, `query_pre_attn_scalar^-0.5` scaling, an optional final logit
+//! softcap, and always-tied embeddings.
+//!
+//! `attn_logit_softcapping` is read but not applied: transformers' Gemma 3 attention never
+//! passes it on (unlike Gemma 2), and transformers' outputs are the ground truth. Released
+//! Gemma 3 checkpoints set it to null anyway.
 use super::base::{full_rope, llama_like, Defaults};
 use super::config::{HfConfig, RopeKeys};
 use crate::error::Result;
@@ -19,6 +23,12 @@ const DEFAULTS: Defaults = Defaults {
 
 /// The decoder of a Gemma 3 text config.
 pub(super) fn spec(cfg: &HfConfig) -> Result<DecoderSpec> {
+    if cfg.bool("use_bidirectional_attention")? == Some(true) {
+        return Err(cfg.error(
+            "use_bidirectional_attention",
+            "bidirectional Gemma 3 (an embedding model) is not a causal language model",
+        ));
+    }
     let mut spec = llama_like(cfg, &DEFAULTS)?;
     let num_layers = spec.layers.len();
     spec.norm_plus_one = true;
@@ -31,7 +41,8 @@ pub(super) fn spec(cfg: &HfConfig) -> Result<DecoderSpec> {
         .f64("query_pre_attn_scalar")?
         .unwrap_or(256.0)
         .powf(-0.5);
-    spec.attn_softcap = cfg.f64("attn_logit_softcapping")?;
+    cfg.f64("attn_logit_softcapping")?; // validated, ignored as in transformers (see above)
+    spec.attn_softcap = None;
     spec.final_softcap = cfg.f64("final_logit_softcapping")?;
     let window = cfg.positive_or("sliding_window", 4096)?;
     spec.layers = match cfg.layer_types(num_layers, Some(window))? {

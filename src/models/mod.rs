@@ -201,6 +201,12 @@ impl crate::spec::LanguageModel for Model {
     }
 }
 
+/// The decoder a config describes, for inspection or for building a variant by hand (the
+/// tensor prefix of a multimodal Gemma 3 is only settled by [`Model::load`]).
+pub fn decoder_spec(cfg: &HfConfig) -> Result<DecoderSpec> {
+    Ok(arch_spec(cfg)?.1)
+}
+
 /// The architecture named by `model_type`, its decoder spec, and the config object the text
 /// model reads (the nested `text_config` of a multimodal Gemma 3).
 fn arch_spec(cfg: &HfConfig) -> Result<(String, DecoderSpec, HfConfig)> {
