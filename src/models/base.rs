@@ -89,7 +89,7 @@ pub(super) fn llama_like(cfg: &HfConfig, d: &Defaults) -> Result<DecoderSpec> {
             head_dim,
         },
         layers: vec![LayerKind::Full; num_layers],
-        rms_norm_eps: cfg.f64("rms_norm_eps")?.unwrap_or(1e-6),
+        rms_norm_eps: cfg.positive_f64("rms_norm_eps")?.unwrap_or(1e-6),
         norm_plus_one: false,
         norm_layout: NormLayout::PreNorm,
         qkv_bias: attention_bias,
@@ -116,7 +116,10 @@ pub(super) fn qwen_layers(cfg: &HfConfig, num_layers: usize) -> Result<Vec<Layer
     if cfg.bool("use_sliding_window")? != Some(true) {
         return Ok(vec![LayerKind::Full; num_layers]);
     }
-    let window = cfg.usize("sliding_window")?;
+    let window = match cfg.usize("sliding_window")? {
+        Some(0) => return Err(cfg.error("sliding_window", "must be positive or null")),
+        window => window,
+    };
     if let Some(kinds) = cfg.layer_types(num_layers, window)? {
         return Ok(kinds);
     }

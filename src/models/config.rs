@@ -134,6 +134,16 @@ impl HfConfig {
         }
     }
 
+    /// An optional number that must be finite and positive.
+    pub fn positive_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.f64(key)? {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(self.error(key, format!("must be a positive number, found {x}")))
+            }
+            other => Ok(other),
+        }
+    }
+
     /// An optional boolean.
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
@@ -166,7 +176,9 @@ impl HfConfig {
     /// Gemma 3 writes it) when present, else from the 4.x keys named in `keys`.
     pub fn rope(&self, keys: RopeKeys<'_>) -> Result<RopeSpec> {
         let Some(params) = self.nested("rope_parameters")? else {
-            let theta = self.f64(keys.theta_key)?.unwrap_or(keys.default_theta);
+            let theta = self
+                .positive_f64(keys.theta_key)?
+                .unwrap_or(keys.default_theta);
             let scaling = match keys.scaling_key {
                 Some(key) => match self.nested(key)? {
                     Some(dict) => dict.rope_scaling()?,
@@ -186,7 +198,9 @@ impl HfConfig {
         } else {
             params
         };
-        let theta = params.f64("rope_theta")?.unwrap_or(keys.default_theta);
+        let theta = params
+            .positive_f64("rope_theta")?
+            .unwrap_or(keys.default_theta);
         Ok(RopeSpec {
             theta,
             scaling: params.rope_scaling()?,
@@ -200,7 +214,7 @@ impl HfConfig {
             None => self.str("type")?.unwrap_or("default"),
         };
         let factor = || -> Result<f64> {
-            self.f64("factor")?.ok_or_else(|| {
+            self.positive_f64("factor")?.ok_or_else(|| {
                 self.error("factor", format!("missing (needed by rope_type {kind})"))
             })
         };

@@ -41,9 +41,9 @@ pub(super) fn spec(cfg: &HfConfig) -> Result<DecoderSpec> {
         .f64("query_pre_attn_scalar")?
         .unwrap_or(256.0)
         .powf(-0.5);
-    cfg.f64("attn_logit_softcapping")?; // validated, ignored as in transformers (see above)
+    cfg.positive_f64("attn_logit_softcapping")?; // validated, ignored as in transformers (see above)
     spec.attn_softcap = None;
-    spec.final_softcap = cfg.f64("final_logit_softcapping")?;
+    spec.final_softcap = cfg.positive_f64("final_logit_softcapping")?;
     let window = cfg.positive_or("sliding_window", 4096)?;
     spec.layers = match cfg.layer_types(num_layers, Some(window))? {
         Some(kinds) => kinds,
