@@ -232,16 +232,6 @@ fn exp(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn models_present() -> bool {
-    let present = Path::new("models/target/config.json").exists()
-        && Path::new("models/draft/config.json").exists()
-        && Path::new("configs/prompts/code.jsonl").exists();
-    if !present {
-        eprintln!("models/ or configs/prompts/code.jsonl not present: skipped");
-    }
-    present
-}
-
 #[test]
 fn help_explains_every_option() {
     let out = Command::new(env!("CARGO_BIN_EXE_exp"))
@@ -316,9 +306,6 @@ fn draft_with_other_vocabulary(dir: &Path) -> PathBuf {
 
 #[test]
 fn a_draft_with_another_vocabulary_is_rejected() {
-    if !models_present() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let draft = draft_with_other_vocabulary(dir.path());
     let set = format!("drafters.small.path={}", draft.display());
@@ -343,9 +330,6 @@ fn a_draft_with_another_vocabulary_is_rejected() {
 
 #[test]
 fn exp_runs_a_small_config_on_the_shipped_models() {
-    if !models_present() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let sets = [
@@ -461,4 +445,33 @@ fn check_result_folder(out: &Path) {
     assert_eq!(csv.lines().count(), points.len() + 1);
     let plots = std::fs::read_dir(out.join("plots")).unwrap().count();
     assert_eq!(plots, 3);
+}
+
+#[test]
+fn chat_template_wraps_the_first_turn_and_adds_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in ["tokenizer.json", "config.json"] {
+        std::fs::copy(Path::new("models/target").join(file), dir.path().join(file)).unwrap();
+    }
+    let template = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content | trim }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+    let config = serde_json::json!({ "chat_template": template, "bos_token": { "content": "<|endoftext|>" } });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let tokenizer = specdec::models::load_tokenizer(dir.path()).unwrap();
+    let chat = specdec::experiment::ChatTemplate::load(dir.path()).unwrap();
+    let prompt = specdec::experiment::Prompt {
+        id: "q".into(),
+        category: None,
+        turns: vec!["  def f(x):  ".into(), "second turn, unused".into()],
+    };
+    let ids = specdec::experiment::encode_prompt(&tokenizer, &prompt, Some(&chat)).unwrap();
+    let text = "<|endoftext|>[user] def f(x):\n[assistant] ";
+    let expected = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        ids[0], 0,
+        "the template's BOS text is the special token id 0"
+    );
+    let plain = specdec::experiment::encode_prompt(&tokenizer, &prompt, None).unwrap();
+    let raw = tokenizer.encode("  def f(x):  ", false).unwrap();
+    assert_eq!(plain, raw.get_ids());
 }

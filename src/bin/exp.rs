@@ -50,8 +50,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let path = args
         .config
         .unwrap_or_else(|| PathBuf::from("configs/default.toml"));
-    let config = ExperimentConfig::load(&path, &args.set)
-        .with_context(|| format!("cannot use the config {}", path.display()))?;
+    let config = ExperimentConfig::load(&path, &args.set).context("invalid experiment config")?;
     let opts = RunOptions {
         out: args.out,
         progress: !args.no_progress,
@@ -72,8 +71,22 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", context_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message
+/// already holds (errors that print their source, such as an I/O error naming its file).
+fn context_chain(e: &anyhow::Error) -> String {
+    let mut message = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !message.contains(&cause) {
+            message += ": ";
+            message += &cause;
+        }
+    }
+    message
 }

@@ -170,6 +170,37 @@ mod tests {
         );
     }
 
+    /// The constructs Hugging Face chat templates rely on: whitespace control, `set` inside
+    /// `if` (visible after it), slicing, `loop.first` / `loop.index0`, `is string`, `trim`,
+    /// attribute and item access on messages, `is defined` tests.
+    #[test]
+    fn renders_the_constructs_of_real_templates() {
+        let t = template(
+            "{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set prefix = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- if not date_string is defined %}{% set date_string = '1 Jan 2024' %}{% endif -%}
+{%- for message in turns -%}
+    {%- if (message.role == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception('roles must alternate') }}
+    {%- endif -%}
+    {{ '<turn>' + message.role + '\n' + (prefix if loop.first else '') }}
+    {%- if message['content'] is string -%}{{ message['content'] | trim }}{%- endif -%}
+    {{ '<end>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<turn>model ' + date_string + '\n' }}{%- endif -%}",
+        );
+        assert_eq!(
+            t.render(" Hello ").unwrap(),
+            "<s><turn>user\nHello<end>\n<turn>model 1 Jan 2024\n"
+        );
+    }
+
     #[test]
     fn raise_exception_is_an_error() {
         let t = template("{{ raise_exception('no system role') }}");

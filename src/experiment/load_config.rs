@@ -44,7 +44,7 @@ impl ExperimentConfig {
                     c.resolve_defaults();
                     c
                 })
-                .map_err(|e| Error::invalid(format!("{e} (after --set overrides)")))
+                .map_err(|e| Error::invalid(format!("after --set overrides: {e}")))
         }
         .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?;
         config

@@ -109,6 +109,15 @@ impl ExperimentConfig {
         if speculative {
             self.check_sweep_drafters(problems);
         }
+        no_repeats("sweep.method", sweep.methods(), problems);
+        if let Some(names) = &sweep.drafter {
+            no_repeats("sweep.drafter", names, problems);
+        }
+        no_repeats("sweep.gamma", &sweep.gamma, problems);
+        no_repeats("sweep.temperature", &sweep.temperature, problems);
+        no_repeats("sweep.top_k", &sweep.top_k, problems);
+        no_repeats("sweep.top_p", &sweep.top_p, problems);
+        no_repeats("sweep.cache", &sweep.cache, problems);
         let gammas = sweep.gamma.iter();
         for g in gammas.filter(|g| **g == GammaChoice::Fixed(0)) {
             problems.push(format!(
@@ -176,6 +185,16 @@ impl ExperimentConfig {
                     defined.join(", ")
                 ));
             }
+        }
+    }
+}
+
+/// A value listed twice would run the same point twice under the same label.
+fn no_repeats<T: PartialEq + std::fmt::Debug>(key: &str, values: &[T], problems: &mut Vec<String>) {
+    for (i, v) in values.iter().enumerate() {
+        if values[..i].contains(v) {
+            problems.push(format!("{key}: {v:?} is listed twice"));
+            return;
         }
     }
 }
