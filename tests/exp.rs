@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::Toy;
 use specdec::experiment::{
     csv, summarize, sweep_points, write_plots, DraftSource, EncodedPrompt, ExperimentConfig,
-    Method, ResultRecord, Session, SweepObserver,
+    Method, PointSummary, ResultRecord, Session, SweepObserver,
 };
 
 struct Quiet;
@@ -85,7 +85,18 @@ fn toy_sweep_records_summaries_and_plots() {
     assert_eq!(points.len(), 4 + 4 * 6);
     let records = session.run(&config, &points, &mut Quiet).unwrap();
     assert_eq!(records.len(), points.len() * 3);
+    check_toy_records(&records);
+    let rows = summarize(&points, &records);
+    assert_eq!(rows.len(), points.len());
+    check_toy_rows(&rows);
+    let table = csv(&rows);
+    assert_eq!(table.lines().count(), 1 + rows.len());
+    assert!(table.lines().next().unwrap().contains(",alpha,tau,"));
+    assert!(table.lines().next().unwrap().contains(",accept_pos_3"));
+    check_plots(&rows);
+}
 
+fn check_toy_records(records: &[ResultRecord]) {
     // Greedy speculative output equals the greedy autoregressive output of the same prompt,
     // for every drafter, γ and cache strategy.
     let ar: Vec<&ResultRecord> = records
@@ -96,7 +107,7 @@ fn toy_sweep_records_summaries_and_plots() {
         let base = ar.iter().find(|a| a.prompt_id == r.prompt_id).unwrap();
         assert_eq!(r.output_ids, base.output_ids, "{} {}", r.label, r.prompt_id);
     }
-    for r in &records {
+    for r in records {
         assert_eq!(r.new_tokens, r.output_ids.len());
         assert_eq!(
             r.new_tokens, 40,
@@ -113,10 +124,10 @@ fn toy_sweep_records_summaries_and_plots() {
             assert_eq!(r.target_forwards, 1 + r.proposed.len());
         }
     }
+}
 
-    let rows = summarize(&points, &records);
-    assert_eq!(rows.len(), points.len());
-    for row in &rows {
+fn check_toy_rows(rows: &[PointSummary]) {
+    for row in rows {
         assert!(
             row.speedup.is_some(),
             "{}: every point has a baseline",
@@ -141,14 +152,11 @@ fn toy_sweep_records_summaries_and_plots() {
     let alpha = toy_greedy.alpha.unwrap();
     assert!(alpha > 0.0 && alpha < 1.0, "α = {alpha}");
     assert_eq!(toy_greedy.acceptance_at.len(), 3);
+}
 
-    let table = csv(&rows);
-    assert_eq!(table.lines().count(), 1 + rows.len());
-    assert!(table.lines().next().unwrap().contains(",alpha,tau,"));
-    assert!(table.lines().next().unwrap().contains(",accept_pos_3"));
-
+fn check_plots(rows: &[PointSummary]) {
     let dir = tempfile::tempdir().unwrap();
-    let plots = write_plots(dir.path(), &rows).unwrap();
+    let plots = write_plots(dir.path(), rows).unwrap();
     assert_eq!(plots.len(), 3);
     for plot in plots {
         let svg = std::fs::read_to_string(&plot).unwrap();
@@ -354,6 +362,34 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     check_result_folder(&out);
 }
 
+/// Every field a record must carry.
+const FIELDS: [&str; 24] = [
+    "method",
+    "drafter",
+    "gamma",
+    "temperature",
+    "top_k",
+    "top_p",
+    "cache",
+    "prompt_id",
+    "prompt_tokens",
+    "output_ids",
+    "output_text",
+    "new_tokens",
+    "accepted",
+    "proposed",
+    "accepted_at",
+    "proposed_at",
+    "target_forwards",
+    "draft_forwards",
+    "wall_s",
+    "prefill_s",
+    "draft_s",
+    "verify_s",
+    "tokens_per_s",
+    "stop_reason",
+];
+
 fn check_result_folder(out: &Path) {
     for file in ["config.toml", "results.jsonl", "summary.md", "summary.csv"] {
         assert!(out.join(file).is_file(), "{file} missing");
@@ -365,49 +401,49 @@ fn check_result_folder(out: &Path) {
         "the resolved config holds the overrides"
     );
     let points = sweep_points(&config);
-    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
-    let records: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records = check_results_jsonl(&out.join("results.jsonl"));
     assert_eq!(records.len(), points.len() * 2);
-    for key in [
-        "method",
-        "drafter",
-        "gamma",
-        "temperature",
-        "top_k",
-        "top_p",
-        "cache",
-        "prompt_id",
-        "prompt_tokens",
-        "output_ids",
-        "output_text",
-        "new_tokens",
-        "accepted",
-        "proposed",
-        "accepted_at",
-        "proposed_at",
-        "target_forwards",
-        "draft_forwards",
-        "wall_s",
-        "prefill_s",
-        "draft_s",
-        "verify_s",
-        "tokens_per_s",
-        "stop_reason",
-    ] {
+    let rows = summarize(&points, &records);
+    for row in rows
+        .iter()
+        .filter(|r| r.settings.method == Method::Speculative)
+    {
+        let alpha = row.alpha.unwrap_or(0.0);
+        assert!((0.0..=1.0).contains(&alpha), "{}", row.label);
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    for i in 0..points.len() {
         assert!(
-            records.iter().all(|r| r.get(key).is_some()),
-            "field {key} missing"
+            summary.contains(&format!("\n| {i} | ")),
+            "row {i} missing in summary.md"
         );
     }
-    let typed: Vec<ResultRecord> = text
+    assert!(
+        summary.contains("τ") && summary.contains("prefill"),
+        "definitions"
+    );
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert_eq!(csv.lines().count(), points.len() + 1);
+    let plots = std::fs::read_dir(out.join("plots")).unwrap().count();
+    assert_eq!(plots, 3);
+}
+
+/// Reads results.jsonl, checks every record has every field and that greedy speculative
+/// outputs equal the greedy autoregressive output of their prompt.
+fn check_results_jsonl(path: &Path) -> Vec<ResultRecord> {
+    let text = std::fs::read_to_string(path).unwrap();
+    for line in text.lines() {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        for key in FIELDS {
+            assert!(record.get(key).is_some(), "field {key} missing in {line}");
+        }
+    }
+    let records: Vec<ResultRecord> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    for r in typed.iter().filter(|r| r.temperature == 0.0) {
-        let base = typed
+    for r in records.iter().filter(|r| r.temperature == 0.0) {
+        let base = records
             .iter()
             .find(|a| {
                 a.method == Method::Autoregressive
@@ -421,30 +457,7 @@ fn check_result_folder(out: &Path) {
             r.label, r.prompt_id
         );
     }
-    let rows = summarize(&points, &typed);
-    for row in rows
-        .iter()
-        .filter(|r| r.settings.method == Method::Speculative)
-    {
-        let alpha = row.alpha.unwrap_or(0.0);
-        assert!((0.0..=1.0).contains(&alpha), "{}", row.label);
-    }
-    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
-    for p in &points {
-        assert!(
-            summary.contains(&p.setting_label()),
-            "{} missing in summary.md",
-            p.label()
-        );
-    }
-    assert!(
-        summary.contains("τ") && summary.contains("prefill"),
-        "definitions"
-    );
-    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
-    assert_eq!(csv.lines().count(), points.len() + 1);
-    let plots = std::fs::read_dir(out.join("plots")).unwrap().count();
-    assert_eq!(plots, 3);
+    records
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! paths it names, so configs for checkpoints that are not on this machine still validate.
 use std::path::Path;
 
-use super::config::{DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method};
+use super::config::{
+    DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method, SweepConfig,
+};
 use crate::error::{Error, Result};
 
 impl ExperimentConfig {
@@ -109,15 +111,7 @@ impl ExperimentConfig {
         if speculative {
             self.check_sweep_drafters(problems);
         }
-        no_repeats("sweep.method", sweep.methods(), problems);
-        if let Some(names) = &sweep.drafter {
-            no_repeats("sweep.drafter", names, problems);
-        }
-        no_repeats("sweep.gamma", &sweep.gamma, problems);
-        no_repeats("sweep.temperature", &sweep.temperature, problems);
-        no_repeats("sweep.top_k", &sweep.top_k, problems);
-        no_repeats("sweep.top_p", &sweep.top_p, problems);
-        no_repeats("sweep.cache", &sweep.cache, problems);
+        self.check_sweep_repeats(problems);
         let gammas = sweep.gamma.iter();
         for g in gammas.filter(|g| **g == GammaChoice::Fixed(0)) {
             problems.push(format!(
@@ -136,32 +130,23 @@ impl ExperimentConfig {
                 a.min, a.max, a.start
             ));
         }
-        for t in sweep
-            .temperature
-            .iter()
-            .filter(|t| !(**t >= 0.0 && t.is_finite()))
-        {
-            problems.push(format!(
-                "sweep.temperature = {t}: must be a finite number >= 0 (0 = greedy)"
-            ));
-        }
-        for p in sweep.top_p.iter().filter(|p| !(**p > 0.0 && **p <= 1.0)) {
-            problems.push(format!(
-                "sweep.top_p = {p}: must be in (0, 1] (1 = no nucleus filter)"
-            ));
-        }
-        for (key, empty) in [
-            ("temperature", sweep.temperature.is_empty()),
-            ("top_k", sweep.top_k.is_empty()),
-            ("top_p", sweep.top_p.is_empty()),
-        ] {
-            if empty {
-                problems.push(format!("sweep.{key} = []: give at least one value"));
-            }
-        }
+        check_sampling(sweep, problems);
         if sweep.cache.is_empty() {
             problems.push("sweep.cache = []: allowed values: \"staged\", \"slack\"".into());
         }
+    }
+
+    fn check_sweep_repeats(&self, problems: &mut Vec<String>) {
+        let sweep = &self.sweep;
+        no_repeats("sweep.method", sweep.methods(), problems);
+        if let Some(names) = &sweep.drafter {
+            no_repeats("sweep.drafter", names, problems);
+        }
+        no_repeats("sweep.gamma", &sweep.gamma, problems);
+        no_repeats("sweep.temperature", &sweep.temperature, problems);
+        no_repeats("sweep.top_k", &sweep.top_k, problems);
+        no_repeats("sweep.top_p", &sweep.top_p, problems);
+        no_repeats("sweep.cache", &sweep.cache, problems);
     }
 
     fn check_sweep_drafters(&self, problems: &mut Vec<String>) {
@@ -185,6 +170,33 @@ impl ExperimentConfig {
                     defined.join(", ")
                 ));
             }
+        }
+    }
+}
+
+/// Temperature, top-k and top-p lists: non-empty, in range.
+fn check_sampling(sweep: &SweepConfig, problems: &mut Vec<String>) {
+    for t in sweep
+        .temperature
+        .iter()
+        .filter(|t| !(**t >= 0.0 && t.is_finite()))
+    {
+        problems.push(format!(
+            "sweep.temperature = {t}: must be a finite number >= 0 (0 = greedy)"
+        ));
+    }
+    for p in sweep.top_p.iter().filter(|p| !(**p > 0.0 && **p <= 1.0)) {
+        problems.push(format!(
+            "sweep.top_p = {p}: must be in (0, 1] (1 = no nucleus filter)"
+        ));
+    }
+    for (key, empty) in [
+        ("temperature", sweep.temperature.is_empty()),
+        ("top_k", sweep.top_k.is_empty()),
+        ("top_p", sweep.top_p.is_empty()),
+    ] {
+        if empty {
+            problems.push(format!("sweep.{key} = []: give at least one value"));
         }
     }
 }
