@@ -5,8 +5,8 @@
 //! Two measurements of the same runs: `total` (wall time) and `engine` (wall time minus the
 //! time inside target and draft forwards). Their ratio is the engine's overhead; the bench
 //! prints it after the runs (the target is under 5%).
-use std::cell::Cell;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,14 +25,24 @@ struct Timed {
     spent: Arc<TimeCell>,
 }
 
+/// Nanoseconds spent in forwards.
 #[derive(Default)]
-struct TimeCell(Cell<Duration>);
+struct TimeCell(AtomicU64);
+
+impl TimeCell {
+    fn add(&self, d: Duration) {
+        self.0.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+    fn take(&self) -> Duration {
+        Duration::from_nanos(self.0.swap(0, Ordering::Relaxed))
+    }
+}
 
 impl LanguageModel for Timed {
     fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> specdec::Result<Tensor> {
         let start = Instant::now();
         let out = self.model.forward(tokens, cache);
-        self.spent.0.set(self.spent.0.get() + start.elapsed());
+        self.spent.add(start.elapsed());
         out
     }
     fn new_cache(&self, strategy: RotatingStrategy) -> specdec::Result<ModelCache> {
@@ -76,7 +86,7 @@ fn bench(c: &mut Criterion) {
         stop_at_eos: false,
     };
     let mut run = || {
-        spent.0.set(Duration::ZERO);
+        spent.take();
         let start = Instant::now();
         let mut rng = StdRng::seed_from_u64(0);
         speculative(
@@ -88,7 +98,7 @@ fn bench(c: &mut Criterion) {
             &mut rng,
         )
         .expect("generation");
-        (start.elapsed(), spent.0.get())
+        (start.elapsed(), spent.take())
     };
     let (mut wall_sum, mut engine_sum) = (Duration::ZERO, Duration::ZERO);
     let mut group = c.benchmark_group("engine_overhead/64 tokens, γ=4, greedy");

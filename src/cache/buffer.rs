@@ -85,7 +85,7 @@ pub(crate) fn cat_seq(parts: &[Option<&(Tensor, Tensor)>]) -> Result<Option<(Ten
     let present: Vec<&(Tensor, Tensor)> = parts.iter().flatten().copied().collect();
     match present.as_slice() {
         [] => Ok(None),
-        [one] => Ok(Some(((*one).0.clone(), (*one).1.clone()))),
+        [one] => Ok(Some((one.0.clone(), one.1.clone()))),
         many => {
             let ks: Vec<&Tensor> = many.iter().map(|p| &p.0).collect();
             let vs: Vec<&Tensor> = many.iter().map(|p| &p.1).collect();
