@@ -136,7 +136,10 @@ fn speculation_commits_exactly_the_prefix_and_drop_rolls_back() {
             // Verification-style: 4 tokens at once (positions 6..10) with wrong contents.
             let (k, v) = kv(100, 4);
             let a = spec.cache().layer_mut(0).unwrap().append(&k, &v).unwrap();
-            assert!(flat(&a.k).len() >= 4, "attends over history and the new tokens");
+            assert!(
+                flat(&a.k).len() >= 4,
+                "attends over history and the new tokens"
+            );
             assert_eq!(spec.appended(), 4);
             // dropped: rolled back
         }
