@@ -15,6 +15,7 @@ mod kv;
 mod mask;
 mod model;
 mod rotating;
+mod strategy;
 
 use candle_core::Tensor;
 
@@ -22,6 +23,7 @@ pub use kv::{KvCache, KvSnapshot, DEFAULT_STEP};
 pub use mask::visibility_mask;
 pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
+pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 
 /// What attention needs after a cache update.
 ///

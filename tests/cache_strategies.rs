@@ -1,0 +1,190 @@
+//! Every rollback strategy keeps the cache layer's invariant: after any sequence of committed
+//! appends and speculative steps (any number kept, including none and all), what attention
+//! sees — the K/V of the window in logical order, and attention over a probe appended to a
+//! copy — equals a cache freshly prefilled with the committed tokens. Windows are small so
+//! the rings wrap many times.
+use candle_core::{Device, Tensor};
+use proptest::prelude::*;
+use specdec::cache::{
+    Attend, KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache,
+    RotatingStrategy, StrategyCache, StrategySpec,
+};
+
+const HEAD_DIM: usize = 2;
+
+/// K/V of tokens (ids) at positions `[from, from + n)`: K and V depend on id and position.
+fn kv(tokens: &[u8], from: usize) -> (Tensor, Tensor) {
+    let n = tokens.len();
+    let mut k = Vec::with_capacity(n * HEAD_DIM);
+    let mut v = Vec::with_capacity(n * HEAD_DIM);
+    for (i, &t) in tokens.iter().enumerate() {
+        let p = (from + i) as f32;
+        k.extend([t as f32 * 0.05, p * 0.01]);
+        v.extend([t as f32, p]);
+    }
+    let dev = Device::Cpu;
+    (
+        Tensor::from_vec(k, (1, 1, n, HEAD_DIM), &dev).unwrap(),
+        Tensor::from_vec(v, (1, 1, n, HEAD_DIM), &dev).unwrap(),
+    )
+}
+
+fn append(cache: &mut ModelCache, tokens: &[u8]) -> Attend {
+    let (k, v) = kv(tokens, cache.offset());
+    cache.layer_mut(0).unwrap().append(&k, &v).unwrap()
+}
+
+/// softmax(q kᵀ + mask) v for fixed queries, one per new token.
+fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
+    let q: Vec<f32> = (0..q_len * HEAD_DIM)
+        .map(|i| 1.0 + i as f32 * 0.3)
+        .collect();
+    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
+    let (k, v) = (a.k.contiguous().unwrap(), a.v.contiguous().unwrap());
+    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
+    if let Some(m) = &a.mask {
+        scores = scores.broadcast_add(m).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    let out = p.matmul(&v).unwrap().flatten_all().unwrap();
+    out.to_vec1().unwrap()
+}
+
+fn logical(c: &ModelCache) -> Option<(Vec<f32>, Vec<f32>)> {
+    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let kv = c.layers()[0].logical_kv().unwrap();
+    kv.map(|(k, v)| (flat(k), flat(v)))
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+}
+
+/// A plain cache of the strategy's layout freshly prefilled with `tokens`.
+fn fresh(spec: StrategySpec, tokens: &[u8]) -> ModelCache {
+    let layer = match spec.strategy.layout() {
+        Layout::Kv => LayerCache::Kv(KvCache::default()),
+        Layout::Rotating => LayerCache::Rotating(
+            RotatingKvCache::new(spec.window, RotatingStrategy::Staged).unwrap(),
+        ),
+    };
+    let mut c = ModelCache::new(vec![layer]);
+    if !tokens.is_empty() {
+        append(&mut c, tokens);
+    }
+    c
+}
+
+/// The invariant: the strategy's cache and a fresh prefill look the same to attention.
+fn check_equivalent(spec: StrategySpec, cache: &StrategyCache, committed: &[u8], probe: &[u8]) {
+    assert_eq!(cache.offset(), committed.len(), "offset");
+    let mut reference = fresh(spec, committed);
+    assert_eq!(logical(cache.cache()), logical(&reference), "logical K/V");
+    let mut copy = cache.cache().deep_clone().unwrap();
+    let (a, b) = (append(&mut copy, probe), append(&mut reference, probe));
+    let n = probe.len();
+    assert!(close(&attend(&a, n), &attend(&b, n)), "probe attention");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Prefill(Vec<u8>),
+    /// A step of these tokens keeping `keep % (len + 1)`.
+    Step(Vec<u8>, usize),
+}
+
+fn op(max_step: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => prop::collection::vec(0u8..50, 1..6).prop_map(Op::Prefill),
+        4 => (prop::collection::vec(0u8..50, 1..=max_step), 0usize..100)
+            .prop_map(|(t, keep)| Op::Step(t, keep)),
+    ]
+}
+
+fn run(spec: StrategySpec, ops: Vec<Op>, probe: Vec<u8>) {
+    let mut cache = StrategyCache::new(spec).unwrap();
+    let mut committed: Vec<u8> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Prefill(t) => {
+                cache.prefill(&[kv(&t, committed.len())]).unwrap();
+                committed.extend(&t);
+            }
+            Op::Step(t, keep) => {
+                let t = &t[..t.len().min(spec.max_draft + 1)];
+                let keep = keep % (t.len() + 1);
+                let cost = cache.step(&[kv(t, committed.len())], keep).unwrap();
+                committed.extend(&t[..keep]);
+                if matches!(spec.strategy, RollbackStrategy::KvRewind) {
+                    assert_eq!((cost.bytes_copied, cost.bytes_held), (0, 0));
+                }
+            }
+        }
+        check_equivalent(spec, &cache, &committed, &probe);
+    }
+}
+
+fn spec_of(strategy: RollbackStrategy) -> impl Strategy<Value = StrategySpec> {
+    (1usize..7, 0usize..5).prop_map(move |(window, max_draft)| StrategySpec {
+        strategy,
+        layers: 1,
+        window,
+        max_draft,
+    })
+}
+
+macro_rules! strategy_matches_fresh_prefill {
+    ($($name:ident: $strategy:expr;)*) => {
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 250, ..ProptestConfig::default() })]
+            $(
+                #[test]
+                fn $name(
+                    spec in spec_of($strategy),
+                    ops in prop::collection::vec(op(6), 1..30),
+                    probe in prop::collection::vec(0u8..50, 1..4),
+                ) {
+                    run(spec, ops, probe);
+                }
+            )*
+        }
+    };
+}
+
+strategy_matches_fresh_prefill! {
+    kv_rewind_matches_fresh_prefill: RollbackStrategy::KvRewind;
+    staged_matches_fresh_prefill: RollbackStrategy::Staged;
+    slack_ring_matches_fresh_prefill: RollbackStrategy::SlackRing;
+    snapshot_kv_matches_fresh_prefill: RollbackStrategy::Snapshot(Layout::Kv);
+    snapshot_rotating_matches_fresh_prefill: RollbackStrategy::Snapshot(Layout::Rotating);
+    clone_kv_matches_fresh_prefill: RollbackStrategy::CloneTruncate(Layout::Kv);
+    clone_rotating_matches_fresh_prefill: RollbackStrategy::CloneTruncate(Layout::Rotating);
+    recompute_kv_matches_fresh_prefill: RollbackStrategy::Recompute(Layout::Kv);
+    recompute_rotating_matches_fresh_prefill: RollbackStrategy::Recompute(Layout::Rotating);
+}
+
+#[test]
+fn names_round_trip() {
+    for s in RollbackStrategy::ALL {
+        assert_eq!(RollbackStrategy::from_name(s.name()), Some(s));
+    }
+    assert_eq!(RollbackStrategy::from_name("rewind"), None);
+}
+
+#[test]
+fn overlong_step_and_keep_are_refused() {
+    let spec = StrategySpec {
+        strategy: RollbackStrategy::SlackRing,
+        layers: 1,
+        window: 4,
+        max_draft: 2,
+    };
+    let mut cache = StrategyCache::new(spec).unwrap();
+    cache.prefill(&[kv(&[1, 2, 3], 0)]).unwrap();
+    assert!(cache.step(&[kv(&[1, 2, 3, 4], 3)], 1).is_err());
+    assert!(cache.step(&[kv(&[1, 2], 3)], 3).is_err());
+    assert_eq!(cache.offset(), 3);
+}
