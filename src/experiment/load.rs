@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
 use crate::spec::LanguageModel;
 
-/// The device `choice` names; an explicit GPU that is not available is an error.
+/// The device `choice` names; an explicit GPU that is not available is an error, `auto`
+/// takes the first of CUDA, Metal and the CPU that works.
 pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     let unavailable = |name: &str, feature: &str, e: candle_core::Error| {
         Error::invalid(format!(
@@ -22,9 +23,17 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Cuda => Device::new_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
         DeviceChoice::Metal => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
-        DeviceChoice::Auto if candle_core::utils::cuda_is_available() => Ok(Device::new_cuda(0)?),
-        DeviceChoice::Auto if candle_core::utils::metal_is_available() => Ok(Device::new_metal(0)?),
-        DeviceChoice::Auto => Ok(Device::Cpu),
+        // `*_is_available` only says the backend was compiled in; a build with CUDA on a
+        // machine without a GPU falls back to the CPU.
+        DeviceChoice::Auto => Ok(candle_core::utils::cuda_is_available()
+            .then(|| Device::new_cuda(0).ok())
+            .flatten()
+            .or_else(|| {
+                candle_core::utils::metal_is_available()
+                    .then(|| Device::new_metal(0).ok())
+                    .flatten()
+            })
+            .unwrap_or(Device::Cpu)),
     }
 }
 
