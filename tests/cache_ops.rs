@@ -322,3 +322,27 @@ fn rotating_snapshots_merge_keeps_the_child_and_split_is_refused() {
         Error::Cache(CacheError::KindMismatch(_))
     ));
 }
+
+#[test]
+fn reset_inside_a_speculation_empties_the_cache_without_panicking() {
+    for layer in [
+        LayerCache::Kv(KvCache::default()),
+        LayerCache::Rotating(RotatingKvCache::new(3, RotatingStrategy::Staged).unwrap()),
+        LayerCache::Rotating(
+            RotatingKvCache::new(3, RotatingStrategy::Slack { max_draft: 2 }).unwrap(),
+        ),
+    ] {
+        let mut c = model_cache(layer);
+        let (k, v) = kv(0, 5);
+        c.layer_mut(0).unwrap().append(&k, &v).unwrap();
+        let mut spec = c.speculate().unwrap();
+        let (k, v) = kv(5, 2);
+        spec.cache().layer_mut(0).unwrap().append(&k, &v).unwrap();
+        spec.cache().reset();
+        assert_eq!(spec.appended(), 0);
+        spec.commit(0).unwrap();
+        assert_eq!(c.offset(), 0);
+        assert!(logical_k(&c).is_empty());
+        c.speculate().unwrap().commit(0).unwrap();
+    }
+}

@@ -377,7 +377,7 @@ impl Speculation<'_> {
 
     /// Tokens appended so far.
     pub fn appended(&self) -> usize {
-        self.cache.offset() - self.base
+        self.cache.offset().saturating_sub(self.base)
     }
 
     /// Keeps exactly the first `n` appended tokens and closes the transaction. On error the
