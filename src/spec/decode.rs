@@ -91,14 +91,33 @@ impl Output<'_> {
     }
 }
 
-fn check_prompt(prompt: &[u32], params: &GenParams) -> Result<()> {
+/// Checks the input, resets `cache`, runs the target over the prompt and samples the first
+/// new token (not yet pushed to the output).
+fn prefill<'a, M: LanguageModel>(
+    target: &'a M,
+    cache: &mut ModelCache,
+    prompt: &[u32],
+    params: &'a GenParams,
+    rng: &mut StdRng,
+) -> Result<(Output<'a>, u32)> {
     if prompt.is_empty() {
         return Err(Error::invalid("empty prompt: at least one token is needed"));
     }
     if params.max_new_tokens == 0 {
         return Err(Error::invalid("max_new_tokens must be at least 1"));
     }
-    Ok(())
+    let start = Instant::now();
+    cache.reset();
+    let mut out = Output {
+        record: GenerationRecord::default(),
+        params,
+        eos: target.eos_token_ids(),
+    };
+    let logits = target.forward(prompt, cache)?;
+    let first = next_token(&logits, &params.sampling, rng)?;
+    out.record.target_forwards = 1;
+    out.record.prefill_s = start.elapsed().as_secs_f64();
+    Ok((out, first))
 }
 
 /// Plain decoding: one target forward per new token. The baseline every speedup is
@@ -110,18 +129,8 @@ pub fn autoregressive<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    check_prompt(prompt, params)?;
     let start = Instant::now();
-    cache.reset();
-    let mut out = Output {
-        record: GenerationRecord::default(),
-        params,
-        eos: target.eos_token_ids(),
-    };
-    let logits = target.forward(prompt, cache)?;
-    let mut token = next_token(&logits, &params.sampling, rng)?;
-    out.record.target_forwards = 1;
-    out.record.prefill_s = start.elapsed().as_secs_f64();
+    let (mut out, mut token) = prefill(target, cache, prompt, params, rng)?;
     while !out.push(token) {
         let t = Instant::now();
         let logits = target.forward(&[token], cache)?;
@@ -146,19 +155,9 @@ pub fn speculative<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    check_prompt(prompt, params)?;
     let start = Instant::now();
-    cache.reset();
     drafter.reset()?;
-    let mut out = Output {
-        record: GenerationRecord::default(),
-        params,
-        eos: target.eos_token_ids(),
-    };
-    let logits = target.forward(prompt, cache)?;
-    let first = next_token(&logits, &params.sampling, rng)?;
-    out.record.target_forwards = 1;
-    out.record.prefill_s = start.elapsed().as_secs_f64();
+    let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
