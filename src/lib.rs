@@ -2,6 +2,7 @@
 //!
 //! The heart is [`cache`]: transactional speculative KV caches (unbounded and sliding-window)
 //! with snapshot, restore, merge and split.
+pub mod bench_cache;
 pub mod cache;
 pub mod error;
 pub mod experiment;

@@ -188,3 +188,74 @@ fn overlong_step_and_keep_are_refused() {
     assert!(cache.step(&[kv(&[1, 2], 3)], 3).is_err());
     assert_eq!(cache.offset(), 3);
 }
+
+/// `exp bench-cache` end to end on a tiny grid: the result folder holds the CSV with every
+/// column and one row per cell, the summary table and the plots.
+#[test]
+fn bench_cache_writes_csv_summary_and_plots() {
+    use specdec::bench_cache::{measure, write_results, BenchConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let config_path = tmp.path().join("grid.toml");
+    let grid = "strategies = [\"kv-rewind\", \"slack-ring\", \"clone-rot\"]\n\
+                lengths = [16, 64]\ngammas = [1, 3]\npatterns = [\"all\", \"random\"]\n\
+                kv_heads = 2\nhead_dim = 4\nmin_runs = 2\nmax_runs = 3\ntarget_ms = 1\n";
+    std::fs::write(&config_path, grid).unwrap();
+    let config = BenchConfig::load(&config_path).unwrap();
+    let rows = measure(&config, |_| {}).unwrap();
+    assert_eq!(rows.len(), 3 * 2 * 2 * 2);
+    let out = tmp.path().join("run");
+    let outcome = write_results(&config, &rows, Some(out.clone())).unwrap();
+    assert_eq!(outcome.dir, out);
+
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(
+        header,
+        [
+            "strategy",
+            "length",
+            "gamma",
+            "pattern",
+            "runs",
+            "step_us",
+            "rollback_us",
+            "bytes_copied_per_step",
+            "extra_bytes_held"
+        ]
+    );
+    let body: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(body.len(), rows.len());
+    assert!(body.iter().all(|r| r.len() == header.len()));
+    // KV rewind copies and holds nothing; a slack ring holds γmax + 1 = 4 spare slots of
+    // 2 heads × 4 dims × 4 bytes × (K + V) = 64 bytes each.
+    for r in &body {
+        match r[0] {
+            "kv-rewind" => assert_eq!((r[7], r[8]), ("0", "0")),
+            "slack-ring" => assert_eq!((r[7], r[8]), ("0", "256")),
+            _ => {}
+        }
+    }
+
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| strategy | length | γ | pattern | µs/step |"));
+    assert!(summary.contains("| clone-rot | 64 | 3 | random |"));
+    assert!(summary.contains("Growth from length 16 to 64"));
+    let plots = std::fs::read_dir(out.join("plots")).unwrap().count();
+    assert_eq!(plots, 2 * 2 * 2, "step and rollback plot per γ × pattern");
+    assert!(out.join("plots/step_g3_random.svg").is_file());
+}
+
+#[test]
+fn bench_config_is_strict() {
+    use specdec::bench_cache::BenchConfig;
+    let parse = |text: &str| toml::from_str::<BenchConfig>(text);
+    assert!(parse("lenghts = [1]").is_err(), "unknown key");
+    let unknown: BenchConfig = parse("strategies = [\"rewind\"]").unwrap();
+    assert!(unknown.validate().is_err());
+    let repeated: BenchConfig = parse("gammas = [1, 1]").unwrap();
+    assert!(repeated.validate().is_err());
+    let zero: BenchConfig = parse("lengths = [0]").unwrap();
+    assert!(zero.validate().is_err());
+    BenchConfig::default().validate().unwrap();
+}

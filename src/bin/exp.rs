@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use specdec::bench_cache::{self, BenchConfig};
 use specdec::experiment::{run_experiment, ExperimentConfig, RunOptions};
 
 /// Run speculative decoding experiments: compare acceptance rates and speedups of draft
@@ -25,6 +26,44 @@ struct Cli {
 enum Command {
     /// Run an experiment config (the default when no subcommand is given).
     Run(RunArgs),
+    /// Benchmark the cache rollback strategies on CPU and write results.csv, summary.md and
+    /// plots (a small TOML config may narrow the grid; defaults are built in).
+    BenchCache(BenchCacheArgs),
+}
+
+#[derive(Args, Debug)]
+struct BenchCacheArgs {
+    /// Grid config (TOML: strategies, lengths, gammas, patterns, kv_heads, head_dim, layers,
+    /// min_runs, max_runs, target_ms, seed). Default: the built-in grid.
+    #[arg(value_name = "CONFIG")]
+    config: Option<PathBuf>,
+    /// Result folder. Default: experiments/bench-cache/<run-id>/. It must not exist.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+fn bench_cache(args: BenchCacheArgs) -> anyhow::Result<()> {
+    let config = match &args.config {
+        Some(path) => BenchConfig::load(path).context("invalid bench-cache config")?,
+        None => BenchConfig::default(),
+    };
+    let rows = bench_cache::measure(&config, |r| {
+        eprint!(
+            "\r{:<14} length {:>6} γ {:>2} {:<6} {:>10.1} µs",
+            r.strategy.name(),
+            r.length,
+            r.gamma,
+            r.pattern.name(),
+            r.step_us
+        )
+    })
+    .context("cache benchmark failed")?;
+    eprintln!();
+    let outcome = bench_cache::write_results(&config, &rows, args.out)?;
+    println!("{}", outcome.table);
+    println!("{}", bench_cache::target_checks(&rows));
+    println!("results: {}", outcome.dir.display());
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -64,11 +103,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Run(args)) => args,
-        None => cli.run,
+    let result = match cli.command {
+        Some(Command::Run(args)) => run(args),
+        Some(Command::BenchCache(args)) => bench_cache(args),
+        None => run(cli.run),
     };
-    match run(args) {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", context_chain(&e));

@@ -209,6 +209,19 @@ impl StrategyCache {
         Ok(())
     }
 
+    /// Replaces the committed state with `snapshot` at `target` (see
+    /// [`ModelCache::restore`]); lets many caches start from one prefill. The snapshot must
+    /// come from a cache of the same layout, layer count and window.
+    pub fn restore_from(&mut self, snapshot: &super::CacheSnapshot, target: usize) -> Result<()> {
+        self.cache.reset();
+        self.cache.restore(Some(snapshot), target)?;
+        if let Some(h) = &mut self.history {
+            h.reset();
+            h.restore(Some(snapshot), target)?;
+        }
+        Ok(())
+    }
+
     /// One speculative step: appends `kv` (one `[b, h, γ+1, d]` pair per layer) and keeps
     /// the first `keep` tokens. The cache then holds `keep` more committed tokens.
     pub fn step(&mut self, kv: &[(Tensor, Tensor)], keep: usize) -> Result<StepCost> {

@@ -1,0 +1,200 @@
+//! The timing loop: prefill once per length and layout, start every strategy from a snapshot
+//! of that prefill, and take the median of repeated steps per cell.
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+use super::{BenchConfig, Pattern};
+use crate::cache::{
+    CacheSnapshot, KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache,
+    RotatingStrategy, StepCost, StrategyCache, StrategySpec,
+};
+use crate::error::Result;
+
+/// One cell of the grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    /// The strategy.
+    pub strategy: RollbackStrategy,
+    /// Cache length (KV: tokens held; rotating: the window, filled past wrapping).
+    pub length: usize,
+    /// Draft length: a step appends γ+1 tokens.
+    pub gamma: usize,
+    /// Acceptance pattern.
+    pub pattern: Pattern,
+    /// Timed steps.
+    pub runs: usize,
+    /// Median µs of a whole step (append + commit/rollback).
+    pub step_us: f64,
+    /// Median µs of the commit/rollback alone.
+    pub rollback_us: f64,
+    /// Mean bytes copied per step beyond writing the new K/V once.
+    pub bytes_copied: f64,
+    /// Most extra bytes held during a step.
+    pub bytes_held: usize,
+}
+
+/// A plain cache of `layout` holding `length` tokens (rotating: a window of `length` filled
+/// with `length + length / 8` tokens, so the ring has wrapped), snapshotted from position 0,
+/// and its offset.
+pub fn prefilled(
+    layout: Layout,
+    length: usize,
+    config: &BenchConfig,
+) -> Result<(CacheSnapshot, usize)> {
+    let layer = || -> Result<LayerCache> {
+        Ok(match layout {
+            Layout::Kv => LayerCache::Kv(KvCache::default()),
+            Layout::Rotating => {
+                LayerCache::Rotating(RotatingKvCache::new(length, RotatingStrategy::Staged)?)
+            }
+        })
+    };
+    let mut cache = ModelCache::new((0..config.layers).map(|_| layer()).collect::<Result<_>>()?);
+    // KV: single tokens need no mask; rotating: chunks keep the number of window copies low.
+    let (total, chunk) = match layout {
+        Layout::Kv => (length, 1),
+        Layout::Rotating => (length + length / 8, (length / 8).max(1)),
+    };
+    let data = random_kv(config, total)?;
+    let mut at = 0;
+    while at < total {
+        let n = chunk.min(total - at);
+        for i in 0..config.layers {
+            let (k, v) = (data.0.narrow(2, at, n)?, data.1.narrow(2, at, n)?);
+            cache.layer_mut(i)?.append(&k, &v)?;
+        }
+        at += n;
+    }
+    Ok((cache.snapshot(0)?, total))
+}
+
+fn random_kv(config: &BenchConfig, tokens: usize) -> Result<(Tensor, Tensor)> {
+    let shape = (1, config.kv_heads, tokens, config.head_dim);
+    let k = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
+    let v = Tensor::randn(0f32, 1.0, shape, &Device::Cpu)?;
+    Ok((k, v))
+}
+
+/// The K/V of one step of draft length `gamma`: one `[1, kv_heads, γ+1, head_dim]` pair per
+/// layer.
+pub fn step_kv(config: &BenchConfig, gamma: usize) -> Result<Vec<(Tensor, Tensor)>> {
+    (0..config.layers)
+        .map(|_| random_kv(config, gamma + 1))
+        .collect()
+}
+
+/// Runs the whole grid, calling `progress` after each cell.
+pub fn measure(config: &BenchConfig, mut progress: impl FnMut(&BenchRow)) -> Result<Vec<BenchRow>> {
+    config.validate()?;
+    let strategies = config.strategy_list()?;
+    let max_draft = config.gammas.iter().copied().max().unwrap_or(1);
+    let mut rows = Vec::new();
+    for &length in &config.lengths {
+        for layout in [Layout::Kv, Layout::Rotating] {
+            let used: Vec<RollbackStrategy> = strategies
+                .iter()
+                .copied()
+                .filter(|s| s.layout() == layout)
+                .collect();
+            if used.is_empty() {
+                continue;
+            }
+            let (snapshot, offset) = prefilled(layout, length, config)?;
+            for strategy in used {
+                let spec = StrategySpec {
+                    strategy,
+                    layers: config.layers,
+                    window: length,
+                    max_draft,
+                };
+                let mut cache = StrategyCache::new(spec)?;
+                cache.restore_from(&snapshot, offset)?;
+                for &gamma in &config.gammas {
+                    let kv = step_kv(config, gamma)?;
+                    for &pattern in &config.patterns {
+                        let cell = Cell {
+                            length,
+                            gamma,
+                            pattern,
+                        };
+                        let row = measure_cell(&mut cache, &kv, cell, config)?;
+                        progress(&row);
+                        rows.push(row);
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    length: usize,
+    gamma: usize,
+    pattern: Pattern,
+}
+
+/// Median of repeated steps (at least `min_runs`, more until `target_ms` has passed, at
+/// most `max_runs`). KV layouts rewind to the prefill after each step (untimed);
+/// rotating layouts keep stepping (their window stays full).
+fn measure_cell(
+    cache: &mut StrategyCache,
+    kv: &[(Tensor, Tensor)],
+    cell: Cell,
+    config: &BenchConfig,
+) -> Result<BenchRow> {
+    let base = cache.offset();
+    let rewind = cache.strategy().layout() == Layout::Kv;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let mut step = |cache: &mut StrategyCache| -> Result<StepCost> {
+        let keep = match cell.pattern {
+            Pattern::All => cell.gamma + 1,
+            Pattern::None => 1,
+            Pattern::Random => rng.random_range(1..=cell.gamma + 1),
+        };
+        let cost = cache.step(kv, keep)?;
+        if rewind {
+            cache.rewind(base)?;
+        }
+        Ok(cost)
+    };
+    let target = Duration::from_millis(config.target_ms);
+    // A warm-up step, discarded unless it alone took `target_ms` or longer: slow cells are
+    // dominated by bulk copies, which need no warming, and keep the default grid short.
+    let first = step(cache)?;
+    let mut costs = Vec::new();
+    if first.append + first.finish >= target {
+        costs.push(first);
+    }
+    let start = Instant::now();
+    while costs.len() < config.max_runs
+        && (costs.len() < config.min_runs || start.elapsed() < target)
+    {
+        costs.push(step(cache)?);
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let n = costs.len();
+    Ok(BenchRow {
+        strategy: cache.strategy(),
+        length: cell.length,
+        gamma: cell.gamma,
+        pattern: cell.pattern,
+        runs: n,
+        step_us: median(costs.iter().map(|c| us(c.append + c.finish)).collect()),
+        rollback_us: median(costs.iter().map(|c| us(c.finish)).collect()),
+        bytes_copied: costs.iter().map(|c| c.bytes_copied as f64).sum::<f64>() / n as f64,
+        bytes_held: costs.iter().map(|c| c.bytes_held).max().unwrap_or(0),
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
