@@ -4,15 +4,15 @@
 //! returns with its mask — equals a cache freshly prefilled with the same committed tokens.
 //! Run for KV caches and both rotating strategies, with windows small enough that the rings
 //! wrap many times.
-use candle_core::{Device, Tensor};
+mod common;
+
+use common::probe::{append, attend, close, kv, logical};
 use proptest::prelude::*;
 use specdec::cache::{
     merge, split, Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache,
     RotatingKvCache, RotatingStrategy,
 };
 use specdec::Error;
-
-const HEAD_DIM: usize = 2;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -48,70 +48,12 @@ impl Kind {
     }
 }
 
-/// K/V of tokens (ids) at positions `[from, from + n)`: K depends on id and position, V too.
-fn kv(tokens: &[u8], from: usize) -> (Tensor, Tensor) {
-    let n = tokens.len();
-    let mut k = Vec::with_capacity(n * HEAD_DIM);
-    let mut v = Vec::with_capacity(n * HEAD_DIM);
-    for (i, &t) in tokens.iter().enumerate() {
-        let p = (from + i) as f32;
-        k.extend([t as f32 * 0.05, p * 0.01]);
-        v.extend([t as f32, p]);
-    }
-    let dev = Device::Cpu;
-    (
-        Tensor::from_vec(k, (1, 1, n, HEAD_DIM), &dev).unwrap(),
-        Tensor::from_vec(v, (1, 1, n, HEAD_DIM), &dev).unwrap(),
-    )
-}
-
-fn append(cache: &mut ModelCache, tokens: &[u8]) -> Attend {
-    let (k, v) = kv(tokens, cache.offset());
-    cache.layer_mut(0).unwrap().append(&k, &v).unwrap()
-}
-
-/// softmax(q kᵀ + mask) v for fixed queries, one per new token: `[q_len * HEAD_DIM]`.
-fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
-    let q: Vec<f32> = (0..q_len * HEAD_DIM)
-        .map(|i| 1.0 + i as f32 * 0.3)
-        .collect();
-    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
-    let k = a.k.contiguous().unwrap();
-    let v = a.v.contiguous().unwrap();
-    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
-    if let Some(m) = &a.mask {
-        scores = scores.broadcast_add(m).unwrap();
-    }
-    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-    p.matmul(&v)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
-
 fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
     let mut c = kind.new_cache();
     if !tokens.is_empty() {
         append(&mut c, tokens);
     }
     c
-}
-
-fn logical(c: &ModelCache) -> Option<(Vec<f32>, Vec<f32>)> {
-    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    c.layers()[0]
-        .logical_kv()
-        .unwrap()
-        .map(|(k, v)| (flat(k), flat(v)))
-}
-
-fn close(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
 }
 
 /// The invariant: `cache` and a fresh prefill of `committed` look the same to attention.

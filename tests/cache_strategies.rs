@@ -3,65 +3,14 @@
 //! sees — the K/V of the window in logical order, and attention over a probe appended to a
 //! copy — equals a cache freshly prefilled with the committed tokens. Windows are small so
 //! the rings wrap many times.
-use candle_core::{Device, Tensor};
+mod common;
+
+use common::probe::{append, attend, close, kv, logical};
 use proptest::prelude::*;
 use specdec::cache::{
-    Attend, KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache,
-    RotatingStrategy, StrategyCache, StrategySpec,
+    KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache, RotatingStrategy,
+    StrategyCache, StrategySpec,
 };
-
-const HEAD_DIM: usize = 2;
-
-/// K/V of tokens (ids) at positions `[from, from + n)`: K and V depend on id and position.
-fn kv(tokens: &[u8], from: usize) -> (Tensor, Tensor) {
-    let n = tokens.len();
-    let mut k = Vec::with_capacity(n * HEAD_DIM);
-    let mut v = Vec::with_capacity(n * HEAD_DIM);
-    for (i, &t) in tokens.iter().enumerate() {
-        let p = (from + i) as f32;
-        k.extend([t as f32 * 0.05, p * 0.01]);
-        v.extend([t as f32, p]);
-    }
-    let dev = Device::Cpu;
-    (
-        Tensor::from_vec(k, (1, 1, n, HEAD_DIM), &dev).unwrap(),
-        Tensor::from_vec(v, (1, 1, n, HEAD_DIM), &dev).unwrap(),
-    )
-}
-
-fn append(cache: &mut ModelCache, tokens: &[u8]) -> Attend {
-    let (k, v) = kv(tokens, cache.offset());
-    cache.layer_mut(0).unwrap().append(&k, &v).unwrap()
-}
-
-/// softmax(q kᵀ + mask) v for fixed queries, one per new token.
-fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
-    let q: Vec<f32> = (0..q_len * HEAD_DIM)
-        .map(|i| 1.0 + i as f32 * 0.3)
-        .collect();
-    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
-    let (k, v) = (a.k.contiguous().unwrap(), a.v.contiguous().unwrap());
-    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
-    if let Some(m) = &a.mask {
-        scores = scores.broadcast_add(m).unwrap();
-    }
-    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-    let out = p.matmul(&v).unwrap().flatten_all().unwrap();
-    out.to_vec1().unwrap()
-}
-
-fn logical(c: &ModelCache) -> Option<(Vec<f32>, Vec<f32>)> {
-    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let kv = c.layers()[0].logical_kv().unwrap();
-    kv.map(|(k, v)| (flat(k), flat(v)))
-}
-
-fn close(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
-}
 
 /// A plain cache of the strategy's layout freshly prefilled with `tokens`.
 fn fresh(spec: StrategySpec, tokens: &[u8]) -> ModelCache {

@@ -2,6 +2,8 @@
 //! that need many fast forwards (thousands of seeds) and exact control of the vocabulary.
 #![allow(dead_code)]
 
+pub mod probe;
+
 use candle_core::{Device, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use specdec::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
