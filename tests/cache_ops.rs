@@ -45,14 +45,14 @@ fn kv_append_grows_in_steps_and_returns_everything_with_a_causal_mask() {
     assert_eq!(flat(&a.k), [0., 1., 2.]);
     assert_eq!(flat(&a.v), [0., 10., 20.]);
     assert_eq!(
-        visible(&a.mask),
+        visible(&a.mask_tensor().unwrap()),
         Some(vec![vec![1, 0, 0], vec![1, 1, 0], vec![1, 1, 1]])
     );
     assert_eq!(c.capacity(), 4);
     let (k, v) = kv(3, 1);
     let a = c.append(&k, &v).unwrap();
     assert_eq!(flat(&a.k), [0., 1., 2., 3.]);
-    assert!(a.mask.is_none(), "one decode token sees everything");
+    assert!(a.mask.hides_nothing(), "one decode token sees everything");
     assert_eq!(c.capacity(), 4, "decode wrote in place");
     let (k, v) = kv(4, 2);
     let a = c.append(&k, &v).unwrap();
@@ -68,7 +68,7 @@ fn rotating_decode_wraps_and_prefill_keeps_the_window() {
     let a = push(&mut c, 0, 5);
     assert_eq!(flat(&a.k), [0., 1., 2., 3., 4.]);
     assert_eq!(
-        visible(&a.mask),
+        visible(&a.mask_tensor().unwrap()),
         Some(vec![
             vec![1, 0, 0, 0, 0],
             vec![1, 1, 0, 0, 0],
@@ -81,7 +81,7 @@ fn rotating_decode_wraps_and_prefill_keeps_the_window() {
     let a = push(&mut c, 5, 1);
     assert_eq!(flat(&a.k), [3., 4., 5.], "ring order");
     assert!(
-        a.mask.is_none(),
+        a.mask.hides_nothing(),
         "a full ring of exactly the window hides nothing"
     );
     let a = push(&mut c, 6, 1);
@@ -90,7 +90,7 @@ fn rotating_decode_wraps_and_prefill_keeps_the_window() {
     let a = push(&mut c, 7, 2);
     assert_eq!(flat(&a.k), [5., 6., 7., 8.]);
     assert_eq!(
-        visible(&a.mask),
+        visible(&a.mask_tensor().unwrap()),
         Some(vec![vec![1, 1, 1, 0], vec![0, 1, 1, 1]])
     );
     assert_eq!(flat(&c.logical_kv().unwrap().unwrap().0), [7., 8.]);
@@ -105,7 +105,10 @@ fn slack_ring_masks_the_window_in_ring_order() {
     push(&mut c, 0, 5); // ring: slot0=4, slot1=1, slot2=2, slot3=3
     let a = push(&mut c, 5, 1); // slot1 = 5
     assert_eq!(flat(&a.k), [4., 5., 2., 3.]);
-    assert_eq!(visible(&a.mask), Some(vec![vec![1, 1, 0, 0]]));
+    assert_eq!(
+        visible(&a.mask_tensor().unwrap()),
+        Some(vec![vec![1, 1, 0, 0]])
+    );
 }
 
 fn model_cache(layer: LayerCache) -> ModelCache {

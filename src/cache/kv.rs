@@ -2,7 +2,7 @@
 use candle_core::Tensor;
 
 use super::buffer::{cat_seq, seq_len, KvBuf};
-use super::{visibility_mask, Attend, CacheError};
+use super::{Attend, CacheError, Mask};
 use crate::error::Result;
 
 /// Default growth step of [`KvCache`] buffers, in tokens.
@@ -123,12 +123,7 @@ impl KvCache {
         let buf = self.buf.as_ref().ok_or_else(|| bad("no buffer"))?;
         buf.write(self.offset, k, v)?;
         let (k_all, v_all) = buf.view(0, end)?;
-        let mask = if q == 1 {
-            None
-        } else {
-            let keys: Vec<Option<usize>> = (0..end).map(Some).collect();
-            visibility_mask(self.offset..end, &keys, None, k.device())?
-        };
+        let mask = Mask::causal(self.offset..end);
         self.offset = end;
         Ok(Attend {
             k: k_all,

@@ -1,37 +1,212 @@
-//! Attention masks built from absolute positions.
+//! Attention visibility described by positions, materialised only when attention needs it.
+//!
+//! A cache update knows where its keys sit (a run of consecutive positions, or a wrapped
+//! ring) and which are intact, so "which keys does query `p` see" is an interval of
+//! positions per query. [`Mask`] keeps that description (a few integers, O(1) to build) and
+//! answers "is anything hidden" in O(1); [`Mask::tensor`] writes the additive mask row by row
+//! as at most two runs of zeros per row, so a cache operation never pays O(queries × keys).
 use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
-/// Additive mask `[queries.len(), keys.len()]` (f32, 0 = visible, -inf = hidden) for queries
-/// at absolute positions `queries` over keys at positions `keys` (`None` = an empty or stale
-/// slot). A key is visible to query `q` iff it is valid, `key <= q`, and, with a sliding
-/// `window`, `key > q - window` (each query sees `window` tokens including itself, as in
-/// transformers). Returns `None` when every key is visible to every query.
-pub fn visibility_mask(
-    queries: std::ops::Range<usize>,
-    keys: &[Option<usize>],
+/// Where key `i` of an update sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrder {
+    /// Key `i` is position `first + i`.
+    Linear {
+        /// Position of key 0.
+        first: usize,
+    },
+    /// A full ring of `len` slots whose newest position is `last`: slot `s` holds the
+    /// position `≡ s (mod len)` in `(last - len, last]`.
+    Ring {
+        /// The newest position written.
+        last: usize,
+    },
+}
+
+/// Which keys the queries at positions `[q_start, q_end)` see: key position `k` is visible
+/// to query `p` iff it is intact (`k >= held_lo`), `k <= p`, and, with a sliding `window`,
+/// `k > p - window` (each query sees `window` tokens including itself, as in transformers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask {
+    q_start: usize,
+    q_end: usize,
+    keys: KeyOrder,
+    /// Number of keys.
+    len: usize,
+    /// Lowest intact position.
+    held_lo: usize,
     window: Option<usize>,
-    device: &Device,
-) -> Result<Option<Tensor>> {
-    let visible = |q: usize, k: Option<usize>| match k {
-        None => false,
-        Some(k) => k <= q && window.is_none_or(|w| k + w > q),
-    };
-    let all_visible = queries.clone().all(|q| keys.iter().all(|&k| visible(q, k)));
-    if all_visible {
-        return Ok(None);
+}
+
+impl Mask {
+    /// Queries `queries` over `len` keys laid out as `keys`, of which positions below
+    /// `held_lo` are stale.
+    pub fn new(
+        queries: std::ops::Range<usize>,
+        keys: KeyOrder,
+        len: usize,
+        held_lo: usize,
+        window: Option<usize>,
+    ) -> Self {
+        Self {
+            q_start: queries.start,
+            q_end: queries.end,
+            keys,
+            len,
+            held_lo,
+            window,
+        }
     }
-    let n_q = queries.len();
-    let mut data = Vec::with_capacity(n_q * keys.len());
-    for q in queries {
-        data.extend(keys.iter().map(|&k| {
-            if visible(q, k) {
-                0f32
-            } else {
-                f32::NEG_INFINITY
+
+    /// Causal visibility over keys `[0, queries.end)` (the unbounded cache).
+    pub fn causal(queries: std::ops::Range<usize>) -> Self {
+        let len = queries.end;
+        Self::new(queries, KeyOrder::Linear { first: 0 }, len, 0, None)
+    }
+
+    /// `[q_len, kv_len]`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.q_end - self.q_start, self.len)
+    }
+
+    /// The positions `[first, last]` held by the keys, whatever their order.
+    fn key_span(&self) -> Option<(usize, usize)> {
+        if self.len == 0 {
+            return None;
+        }
+        Some(match self.keys {
+            KeyOrder::Linear { first } => (first, first + self.len - 1),
+            KeyOrder::Ring { last } => (last + 1 - self.len, last),
+        })
+    }
+
+    /// The positions `[lo, hi]` query `p` may see (empty when `lo > hi`).
+    fn visible_span(&self, p: usize) -> (usize, usize) {
+        let lo = self
+            .window
+            .map_or(0, |w| (p + 1).saturating_sub(w))
+            .max(self.held_lo);
+        (lo, p)
+    }
+
+    /// True when every query sees every key: no mask is needed. O(1): the visible span only
+    /// moves right with the query, so the first and last queries decide.
+    pub fn hides_nothing(&self) -> bool {
+        let Some((first, last)) = self.key_span() else {
+            return true;
+        };
+        if self.q_end <= self.q_start {
+            return true;
+        }
+        let (lo, _) = self.visible_span(self.q_end - 1);
+        let (_, hi) = self.visible_span(self.q_start);
+        lo <= first && hi >= last
+    }
+
+    /// The key indices query `p` sees, as at most two runs `[start, end)`.
+    fn visible_runs(&self, p: usize) -> [(usize, usize); 2] {
+        let none = [(0, 0), (0, 0)];
+        let Some((first, last)) = self.key_span() else {
+            return none;
+        };
+        let (lo, hi) = self.visible_span(p);
+        let (lo, hi) = (lo.max(first), hi.min(last));
+        if lo > hi {
+            return none;
+        }
+        match self.keys {
+            KeyOrder::Linear { first } => [(lo - first, hi + 1 - first), (0, 0)],
+            KeyOrder::Ring { .. } => {
+                let (a, b) = (lo % self.len, hi % self.len);
+                if a <= b {
+                    [(a, b + 1), (0, 0)]
+                } else {
+                    [(a, self.len), (0, b + 1)]
+                }
             }
-        }));
+        }
     }
-    Ok(Some(Tensor::from_vec(data, (n_q, keys.len()), device)?))
+
+    /// The additive mask `[q_len, kv_len]` (f32, 0 = visible, -inf = hidden) in key order, or
+    /// `None` when nothing is hidden.
+    pub fn tensor(&self, device: &Device) -> Result<Option<Tensor>> {
+        if self.hides_nothing() {
+            return Ok(None);
+        }
+        let (n_q, n_k) = self.shape();
+        let mut data = vec![f32::NEG_INFINITY; n_q * n_k];
+        for (row, p) in data
+            .chunks_exact_mut(n_k.max(1))
+            .zip(self.q_start..self.q_end)
+        {
+            for (start, end) in self.visible_runs(p) {
+                row[start..end].fill(0.0);
+            }
+        }
+        Ok(Some(Tensor::from_vec(data, (n_q, n_k), device)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The definition, key by key.
+    fn reference(m: &Mask) -> Vec<Vec<bool>> {
+        let pos = |i: usize| -> usize {
+            match m.keys {
+                KeyOrder::Linear { first } => first + i,
+                KeyOrder::Ring { last } => last - (last + m.len - i) % m.len,
+            }
+        };
+        (m.q_start..m.q_end)
+            .map(|p| {
+                (0..m.len)
+                    .map(|i| {
+                        let k = pos(i);
+                        k >= m.held_lo && k <= p && m.window.is_none_or(|w| k + w > p)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn materialised(m: &Mask) -> Vec<Vec<bool>> {
+        match m.tensor(&Device::Cpu).unwrap() {
+            None => vec![vec![true; m.len]; m.q_end - m.q_start],
+            Some(t) => t
+                .to_vec2::<f32>()
+                .unwrap()
+                .iter()
+                .map(|r| r.iter().map(|&x| x == 0.0).collect())
+                .collect(),
+        }
+    }
+
+    proptest! {
+        /// The run-based mask and the O(1) "hides nothing" answer agree with the definition.
+        #[test]
+        fn runs_match_the_definition(
+            ring in any::<bool>(),
+            len in 1usize..40,
+            first in 0usize..50,
+            q_len in 1usize..10,
+            q_back in 0usize..12,
+            held_back in 0usize..60,
+            window in proptest::option::of(1usize..30),
+        ) {
+            // Keys end at `end - 1`; queries end at or before the newest key + 1.
+            let end = first + len;
+            let q_end = end.saturating_sub(q_back).max(q_len);
+            let queries = q_end - q_len..q_end;
+            let keys = if ring { KeyOrder::Ring { last: end - 1 } } else { KeyOrder::Linear { first } };
+            let m = Mask::new(queries, keys, len, end.saturating_sub(held_back), window);
+            let want = reference(&m);
+            prop_assert_eq!(materialised(&m), want.clone());
+            prop_assert_eq!(m.hides_nothing(), want.iter().flatten().all(|&v| v));
+        }
+    }
 }

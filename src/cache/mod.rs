@@ -19,8 +19,10 @@ mod strategy;
 
 use candle_core::Tensor;
 
+use crate::error::Result;
+
 pub use kv::{KvCache, KvSnapshot, DEFAULT_STEP};
-pub use mask::visibility_mask;
+pub use mask::{KeyOrder, Mask};
 pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
@@ -28,17 +30,24 @@ pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySp
 /// What attention needs after a cache update.
 ///
 /// `k`, `v`: `[batch, kv_heads, kv_len, head_dim]`, possibly non-contiguous views of the
-/// cache's buffers (valid until the cache is next written). `mask`: `[q_len, kv_len]` f32,
-/// additive (0 = visible, -inf = hidden), in the order of `k`/`v`; `None` when every query
-/// sees every key. Attention casts the mask to its score dtype.
+/// cache's buffers (valid until the cache is next written). `mask`: which of those keys each
+/// new query sees, described by positions; attention materialises it (`[q_len, kv_len]` f32,
+/// additive) only when something is hidden.
 #[derive(Debug, Clone)]
 pub struct Attend {
     /// Keys to attend over.
     pub k: Tensor,
     /// Values to attend over.
     pub v: Tensor,
-    /// Additive mask matching the order of `k`, or `None` when nothing is hidden.
-    pub mask: Option<Tensor>,
+    /// Visibility of `k` (in its order) to the new queries.
+    pub mask: Mask,
+}
+
+impl Attend {
+    /// The additive mask `[q_len, kv_len]` on `k`'s device, or `None` when nothing is hidden.
+    pub fn mask_tensor(&self) -> Result<Option<Tensor>> {
+        self.mask.tensor(self.k.device())
+    }
 }
 
 /// A refused cache operation. Refusals leave the cache unchanged.

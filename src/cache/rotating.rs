@@ -2,7 +2,7 @@
 use candle_core::Tensor;
 
 use super::buffer::{cat_seq, seq_len, KvBuf};
-use super::{visibility_mask, Attend, CacheError};
+use super::{Attend, CacheError, KeyOrder, Mask};
 use crate::error::Result;
 
 /// How a [`RotatingKvCache`] holds speculative tokens.
@@ -190,25 +190,13 @@ impl RotatingKvCache {
         let held_lo = self.held_lo();
         let cap = self.capacity;
         let ring = self.ring.as_ref().ok_or_else(no_ring)?;
-        let (len, keys): (usize, Vec<Option<usize>>) = if end <= cap {
-            (
-                end,
-                (0..end)
-                    .map(|p| Some(p).filter(|&p| p >= held_lo))
-                    .collect(),
-            )
+        let (len, keys) = if end <= cap {
+            (end, KeyOrder::Linear { first: 0 })
         } else {
-            let last = end - 1;
-            let pos = |s: usize| last - (last + cap - s) % cap;
-            (
-                cap,
-                (0..cap)
-                    .map(|s| Some(pos(s)).filter(|&p| p >= held_lo))
-                    .collect(),
-            )
+            (cap, KeyOrder::Ring { last: end - 1 })
         };
         let (k_all, v_all) = ring.view(0, len)?;
-        let mask = visibility_mask(start..end, &keys, Some(self.window), k.device())?;
+        let mask = Mask::new(start..end, keys, len, held_lo, Some(self.window));
         Ok(Attend {
             k: k_all,
             v: v_all,
@@ -225,8 +213,14 @@ impl RotatingKvCache {
         let new = (k.clone(), v.clone());
         let (k_all, v_all) = cat_seq(&[tail.as_ref(), Some(&new)])?.ok_or_else(no_ring)?;
         let end = self.offset + q;
-        let keys: Vec<Option<usize>> = (tail_start..end).map(Some).collect();
-        let mask = visibility_mask(self.offset..end, &keys, Some(self.window), k.device())?;
+        let keys = KeyOrder::Linear { first: tail_start };
+        let mask = Mask::new(
+            self.offset..end,
+            keys,
+            end - tail_start,
+            tail_start,
+            Some(self.window),
+        );
         let start = self.offset;
         self.store(k, v, start)?;
         self.offset = end;
@@ -248,8 +242,14 @@ impl RotatingKvCache {
         let staged = spec.staged.as_ref();
         let (k_all, v_all) = cat_seq(&[tail.as_ref(), staged])?.ok_or_else(no_ring)?;
         let end = self.offset + q;
-        let keys: Vec<Option<usize>> = (tail_start..end).map(Some).collect();
-        let mask = visibility_mask(self.offset..end, &keys, Some(self.window), k.device())?;
+        let keys = KeyOrder::Linear { first: tail_start };
+        let mask = Mask::new(
+            self.offset..end,
+            keys,
+            end - tail_start,
+            tail_start,
+            Some(self.window),
+        );
         self.offset = end;
         Ok(Attend {
             k: k_all,

@@ -112,7 +112,8 @@ impl Attention {
             .apply(&heads_first(q)?, &heads_first(k)?, offset)?;
         let v = v.transpose(0, 1)?.unsqueeze(0)?;
         let attend = cache.append(&k, &v)?;
-        let out = self.attend(&q, &attend.k, &attend.v, attend.mask.as_ref())?;
+        let mask = attend.mask_tensor()?;
+        let out = self.attend(&q, &attend.k, &attend.v, mask.as_ref())?;
         // [1, heads, t, d] -> [t, heads * d]
         let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?;
         self.o.forward(&out)

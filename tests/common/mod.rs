@@ -70,7 +70,7 @@ impl LanguageModel for Toy {
         let att = cache.layer_mut(0)?.append(&kv, &kv)?;
         let mut scores = kv.matmul(&att.k.contiguous()?.t()?)?;
         scores = (scores / (dim as f64).sqrt())?;
-        if let Some(mask) = &att.mask {
+        if let Some(mask) = &att.mask_tensor()? {
             scores = scores.broadcast_add(mask)?;
         }
         let p = candle_nn::ops::softmax_last_dim(&scores)?;

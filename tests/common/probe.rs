@@ -37,7 +37,7 @@ pub fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
     let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
     let (k, v) = (a.k.contiguous().unwrap(), a.v.contiguous().unwrap());
     let mut scores = q.matmul(&k.t().unwrap()).unwrap();
-    if let Some(m) = &a.mask {
+    if let Some(m) = &a.mask_tensor().unwrap() {
         scores = scores.broadcast_add(m).unwrap();
     }
     let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
