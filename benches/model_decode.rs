@@ -1,6 +1,8 @@
 //! CPU throughput of the default target model (`models/target`, or the directory in
-//! `SPECDEC_BENCH_MODEL`): prefill of 128 tokens, and single-token decode at positions
-//! 128..256 (the cache is re-seeded from a prefilled copy, untimed, when it reaches 256).
+//! `SPECDEC_BENCH_MODEL`): prefill of 128 tokens; single-token decode at positions 128..256
+//! (the cache is re-seeded from a prefilled copy, untimed, when it reaches 256); and
+//! verification forwards of 2, 5 and 9 tokens after the 128-token prompt, rolled back after
+//! each (what one speculative step with γ = 1, 4, 8 costs the target).
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -68,6 +70,17 @@ fn bench(c: &mut Criterion) {
             spent
         })
     });
+    for t in [2usize, 5, 9] {
+        let block = tokens(t, info.vocab_size);
+        group.bench_function(format!("verify_{t}"), |b| {
+            b.iter(|| {
+                let mut spec = seeded.speculate().expect("speculate");
+                let logits = model.forward(&block, spec.cache()).expect("forward");
+                std::hint::black_box(logits)
+                // `spec` drops here: the cache rolls back to the prompt.
+            })
+        });
+    }
     group.finish();
 }
 

@@ -3,7 +3,9 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 
-/// `y = x Wᵀ + b` with `W: [out, in]` as stored by PyTorch.
+/// `y = x Wᵀ + b` with `W: [out, in]` as stored by PyTorch. Decode and verification inputs
+/// (at most [`super::skinny::MAX_ROWS`] rows, f32 on the CPU) go through the kernel that
+/// reads `W` once; prefills and other devices through candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// `[out, in]`.
@@ -55,7 +57,11 @@ impl Linear {
 
     /// `x: [t, in]` -> `[t, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = if super::skinny::applies(x, &self.weight) {
+            super::skinny::skinny_matmul(x, &self.weight)?
+        } else {
+            x.matmul(&self.weight.t()?)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -8,6 +8,7 @@ mod attention;
 mod linear;
 mod mlp;
 mod rope;
+mod skinny;
 mod threads;
 mod transformer;
 mod weights;
