@@ -103,11 +103,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    // The whole run on rayon's pool: candle's parallel CPU ops then start in place instead of
+    // handing off to the pool from outside it (see `on_cpu_pool`).
+    let result = specdec::nn::on_cpu_pool(|| match cli.command {
         Some(Command::Run(args)) => run(args),
         Some(Command::BenchCache(args)) => bench_cache(args),
         None => run(cli.run),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -161,9 +161,14 @@ impl Model {
 
     /// Logits for EVERY input position: f32 `[tokens.len(), vocab_size]` on the model's
     /// device. Positions start at `cache.offset()`; every layer's cache grows by
-    /// `tokens.len()` (inside a `Speculation`, pass `spec.cache()`).
+    /// `tokens.len()` (inside a `Speculation`, pass `spec.cache()`). On the CPU it runs on
+    /// rayon's pool (see [`crate::nn::on_cpu_pool`]).
     pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        self.decoder.forward(tokens, cache)
+        if self.device.is_cpu() {
+            crate::nn::on_cpu_pool(|| self.decoder.forward(tokens, cache))
+        } else {
+            self.decoder.forward(tokens, cache)
+        }
     }
 
     /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a

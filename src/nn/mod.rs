@@ -17,6 +17,6 @@ pub use attention::{Attention, AttentionParts, HeadShape};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
-pub use threads::pin_cpu_thread_count;
+pub use threads::{on_cpu_pool, pin_cpu_thread_count};
 pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout};
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

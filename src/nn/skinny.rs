@@ -4,10 +4,10 @@
 //! size the product is bound by reading the weights from memory, so the best kernel streams
 //! each row of `W: [out, in]` (row-major, as PyTorch stores it) once and takes its dot
 //! product with every token row while it is in L1. candle's general gemm instead repacks `W`
-//! or walks it with a large stride when `x` has more than one row: measured on the default
-//! target's weights (cold in cache, one thread), a 2–9 row product took 2.5–4× the time of a
-//! one-row product. Here the cost of 2–16 rows stays close to that of one row, which is what
-//! lets verifying γ drafts cost about one decode step.
+//! when `x` has more than one row: measured on the default target's weights (cold in cache,
+//! one thread), a 2–5 row product took 3–5× the time of a one-row product (`[1536, 256]`:
+//! 80 µs for one row, 330–420 µs for 2–5); this kernel took 125–175 µs for 2–5 rows. That is
+//! what lets verifying γ drafts cost not much more than one decode step.
 //!
 //! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
 //! through candle's matmul.
@@ -18,11 +18,15 @@ use rayon::prelude::*;
 /// packing pays off there.
 pub const MAX_ROWS: usize = 16;
 
+/// The fewest rows it takes: for one row candle's gemv was measured faster (≈80 against
+/// ≈105 µs for the default target's `[1536, 256]` weight, cold, one thread).
+pub const MIN_ROWS: usize = 2;
+
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
 /// more than it saves.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
-/// `x: [t, in]` (t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32 and
+/// `x: [t, in]` (t ≤ [`MAX_ROWS`]; one row works, [`applies`] leaves it to candle) times `w: [out, in]` transposed: `[t, out]`. Both f32 and
 /// contiguous on the CPU; the caller checks.
 pub fn skinny_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     x.apply_op2_no_bwd(w, &SkinnyMatmul)
@@ -34,7 +38,7 @@ pub fn applies(x: &Tensor, w: &Tensor) -> bool {
         && x.dtype() == candle_core::DType::F32
         && w.dtype() == candle_core::DType::F32
         && x.rank() == 2
-        && x.dims()[0] <= MAX_ROWS
+        && (MIN_ROWS..=MAX_ROWS).contains(&x.dims()[0])
         && x.is_contiguous()
         && w.is_contiguous()
 }

@@ -16,3 +16,21 @@ pub fn pin_cpu_thread_count() {
         }
     });
 }
+
+/// Runs `f` on a thread of rayon's global pool (directly when already on one).
+///
+/// candle's CPU kernels (softmax, norms, unary maps, gemm) hand parallel work to that pool.
+/// Called from a thread outside it, every such op is a cross-thread handoff: the caller
+/// sleeps until a pool thread has run the op, two context switches per op. A decode forward
+/// has dozens of them; on the draft model they took about half of a forward (profiled: kernel
+/// scheduler time ~45% of samples). From a pool thread the op's first part runs in place. Run
+/// whole decode loops through this; [`crate::models::Model::forward`] also does, per forward,
+/// for callers that do not.
+pub fn on_cpu_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pin_cpu_thread_count();
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}
