@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::Toy;
 use specdec::experiment::{
     csv, summarize, sweep_points, write_plots, DraftSource, EncodedPrompt, ExperimentConfig,
-    Method, PointSummary, ResultRecord, Session, SweepObserver,
+    Method, PointSummary, ResultRecord, Session, StrategyCheck, SweepObserver,
 };
 
 struct Quiet;
@@ -223,6 +223,21 @@ fn cache_strategies_give_identical_sampled_outputs() {
         compared += 1;
     }
     assert_eq!(compared, records.len() / 2);
+
+    // The report's check agrees, and catches a tampered output.
+    let greedy = records.iter().filter(|r| r.temperature == 0.0).count();
+    let check = StrategyCheck::new(&points, &records);
+    assert_eq!((check.compared, check.mismatches.len()), (greedy / 2, 0));
+    assert!(check.markdown().contains("**identical**"));
+    let mut tampered = records.clone();
+    let victim = tampered
+        .iter_mut()
+        .find(|r| r.temperature == 0.0 && r.label.ends_with(" slack"))
+        .unwrap();
+    victim.output_ids[0] ^= 1;
+    let check = StrategyCheck::new(&points, &tampered);
+    assert_eq!(check.mismatches.len(), 1);
+    assert!(check.markdown().contains("differ"));
 }
 
 // ---- the `exp` binary ----
@@ -422,6 +437,11 @@ fn check_result_folder(out: &Path) {
         summary.contains("τ") && summary.contains("prefill"),
         "definitions"
     );
+    assert!(
+        summary.contains("Greedy outputs across strategies: **identical**"),
+        "the staged and slack points agree: {summary}"
+    );
+    assert!(summary.contains("Peak resident memory"), "{summary}");
     let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert_eq!(csv.lines().count(), points.len() + 1);
     let plots = std::fs::read_dir(out.join("plots")).unwrap().count();

@@ -97,6 +97,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let outcome = run_experiment(&config, &opts)
         .with_context(|| format!("experiment {} ({}) failed", config.name, path.display()))?;
     println!("{}", outcome.table);
+    println!("{}", outcome.checks);
     println!("results: {}", outcome.dir.display());
     Ok(())
 }

@@ -31,7 +31,7 @@ pub use load::{check_vocabulary, select_device, LoadedModel};
 pub use load_config::apply_override;
 pub use output::{default_result_path, ResultDir};
 pub use plot::write_plots;
-pub use report::{csv, markdown, markdown_table, summarize, PointSummary};
+pub use report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
 pub use run::{run_experiment, RunOptions, RunOutcome};
 pub use runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 pub use sweep::{rotating_strategy, sweep_points, SweepPoint};

@@ -314,3 +314,95 @@ pub fn csv(rows: &[PointSummary]) -> String {
     }
     out
 }
+
+/// What the `cache` sweep showed: tokens/s per rotating-cache strategy over the same points
+/// and prompts, and whether greedy outputs were identical across strategies (strategies must
+/// change cost, never results).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StrategyCheck {
+    /// `(strategy, new tokens, wall seconds)` summed over every point run with it.
+    pub throughput: Vec<(String, usize, f64)>,
+    /// Greedy (point, prompt) outputs compared against the same point with another strategy.
+    pub compared: usize,
+    /// `(label, prompt id)` of each comparison whose outputs differed.
+    pub mismatches: Vec<(String, String)>,
+}
+
+impl StrategyCheck {
+    /// Compares the records of points that differ only in `cache`.
+    pub fn new(points: &[SweepPoint], records: &[ResultRecord]) -> Self {
+        let mut throughput: Vec<(String, usize, f64)> = Vec::new();
+        for r in records {
+            let name = r.cache.to_string();
+            match throughput.iter_mut().find(|(n, _, _)| *n == name) {
+                Some(entry) => {
+                    entry.1 += r.new_tokens;
+                    entry.2 += r.wall_s;
+                }
+                None => throughput.push((name, r.new_tokens, r.wall_s)),
+            }
+        }
+        let same_but_cache = |a: &SweepPoint, b: &SweepPoint| {
+            SweepPoint {
+                cache: b.cache,
+                ..a.clone()
+            } == *b
+        };
+        let (mut compared, mut mismatches) = (0, Vec::new());
+        for r in records.iter().filter(|r| r.temperature == 0.0) {
+            // Compare each record with the first point (lowest index) of its group.
+            let Some(base) = points
+                .iter()
+                .position(|p| same_but_cache(&points[r.point], p))
+            else {
+                continue;
+            };
+            if base == r.point {
+                continue;
+            }
+            let other = records
+                .iter()
+                .find(|o| o.point == base && o.prompt_id == r.prompt_id);
+            if let Some(other) = other {
+                compared += 1;
+                if other.output_ids != r.output_ids {
+                    mismatches.push((r.label.clone(), r.prompt_id.clone()));
+                }
+            }
+        }
+        Self {
+            throughput,
+            compared,
+            mismatches,
+        }
+    }
+
+    /// A Markdown section.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from("## Cache strategies\n\n| cache | new tokens | seconds | tok/s |\n|---|---:|---:|---:|\n");
+        for (name, tokens, secs) in &self.throughput {
+            let rate = ratio(*tokens as f64, *secs).unwrap_or(0.0);
+            out.push_str(&format!("| {name} | {tokens} | {secs:.3} | {rate:.1} |\n"));
+        }
+        out.push('\n');
+        if self.compared == 0 {
+            out.push_str("Greedy outputs across strategies: nothing to compare (the sweep has one `cache` value or no greedy points).\n");
+        } else if self.mismatches.is_empty() {
+            out.push_str(&format!(
+                "Greedy outputs across strategies: **identical** ({} generations compared with the same point under another strategy).\n",
+                self.compared
+            ));
+        } else {
+            out.push_str(&format!(
+                "Greedy outputs across strategies: **{} of {} differ**:",
+                self.mismatches.len(),
+                self.compared
+            ));
+            for (label, prompt) in &self.mismatches {
+                out.push_str(&format!(" `{label}` on `{prompt}`;"));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}

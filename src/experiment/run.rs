@@ -15,7 +15,7 @@ use super::dataset::load_prompts;
 use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
 use super::output::{default_result_path, ResultDir};
 use super::plot::write_plots;
-use super::report::{csv, markdown, markdown_table, summarize, PointSummary};
+use super::report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
 use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
@@ -39,6 +39,27 @@ pub struct RunOutcome {
     pub summaries: Vec<PointSummary>,
     /// The summary table (Markdown).
     pub table: String,
+    /// The cache-strategy section and the peak resident memory line (Markdown).
+    pub checks: String,
+}
+
+/// The process's peak resident memory in bytes (`VmHWM` of `/proc/self/status`); `None` where
+/// the system does not report it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn peak_rss_line() -> String {
+    match peak_rss_bytes() {
+        Some(b) => format!(
+            "Peak resident memory of the run (models, caches, everything): {:.1} MiB.\n",
+            b as f64 / (1024.0 * 1024.0)
+        ),
+        None => "Peak resident memory: not reported by this system.\n".to_string(),
+    }
 }
 
 /// Runs `config` (already validated): checks paths and the result folder, loads tokenizer,
@@ -85,10 +106,15 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         ))
     })?;
     let summaries = summarize(&points, &records);
+    let checks = format!(
+        "{}\n{}",
+        StrategyCheck::new(&points, &records).markdown(),
+        peak_rss_line()
+    );
     let title = format!("Experiment `{}`", config.name);
     write(
         &partial.join("summary.md"),
-        &markdown(&title, &context, &summaries),
+        &format!("{}\n{checks}", markdown(&title, &context, &summaries)),
     )?;
     write(&partial.join("summary.csv"), &csv(&summaries))?;
     write_plots(&partial.join("plots"), &summaries)?;
@@ -97,6 +123,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         dir,
         table: markdown_table(&summaries),
         summaries,
+        checks,
     })
 }
 
