@@ -128,6 +128,7 @@ impl KvCache {
         Ok(Attend {
             k: k_all,
             v: v_all,
+            tail: None,
             mask,
         })
     }

@@ -28,16 +28,22 @@ pub enum KeyOrder {
 /// Which keys the queries at positions `[q_start, q_end)` see: key position `k` is visible
 /// to query `p` iff it is intact (`k >= held_lo`), `k <= p`, and, with a sliding `window`,
 /// `k > p - window` (each query sees `window` tokens including itself, as in transformers).
+///
+/// The keys are `len` keys laid out as `keys`, optionally followed by a *tail* of `n`
+/// consecutive positions from `first` (a staged speculation's K/V kept beside the ring);
+/// tail keys are always intact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mask {
     q_start: usize,
     q_end: usize,
     keys: KeyOrder,
-    /// Number of keys.
+    /// Number of keys before the tail.
     len: usize,
-    /// Lowest intact position.
+    /// Lowest intact position (of the keys before the tail).
     held_lo: usize,
     window: Option<usize>,
+    /// `(first position, count)` of the tail.
+    tail: Option<(usize, usize)>,
 }
 
 impl Mask {
@@ -57,6 +63,15 @@ impl Mask {
             len,
             held_lo,
             window,
+            tail: None,
+        }
+    }
+
+    /// The same keys followed by `n` consecutive positions from `first`.
+    pub fn with_tail(self, first: usize, n: usize) -> Self {
+        Self {
+            tail: Some((first, n)),
+            ..self
         }
     }
 
@@ -66,12 +81,13 @@ impl Mask {
         Self::new(queries, KeyOrder::Linear { first: 0 }, len, 0, None)
     }
 
-    /// `[q_len, kv_len]`.
+    /// `[q_len, kv_len]` (tail included).
     pub fn shape(&self) -> (usize, usize) {
-        (self.q_end - self.q_start, self.len)
+        let tail = self.tail.map_or(0, |(_, n)| n);
+        (self.q_end - self.q_start, self.len + tail)
     }
 
-    /// The positions `[first, last]` held by the keys, whatever their order.
+    /// The positions `[first, last]` held by the keys before the tail, whatever their order.
     fn key_span(&self) -> Option<(usize, usize)> {
         if self.len == 0 {
             return None;
@@ -94,39 +110,54 @@ impl Mask {
     /// True when every query sees every key: no mask is needed. O(1): the visible span only
     /// moves right with the query, so the first and last queries decide.
     pub fn hides_nothing(&self) -> bool {
-        let Some((first, last)) = self.key_span() else {
-            return true;
-        };
         if self.q_end <= self.q_start {
             return true;
         }
         let (lo, _) = self.visible_span(self.q_end - 1);
         let (_, hi) = self.visible_span(self.q_start);
-        lo <= first && hi >= last
+        let covers = |first: usize, last: usize| lo <= first && hi >= last;
+        let head = self.key_span().is_none_or(|(f, l)| covers(f, l));
+        let tail = match self.tail {
+            Some((first, n)) if n > 0 => covers(first, first + n - 1),
+            _ => true,
+        };
+        head && tail
     }
 
-    /// The key indices query `p` sees, as at most two runs `[start, end)`.
-    fn visible_runs(&self, p: usize) -> [(usize, usize); 2] {
-        let none = [(0, 0), (0, 0)];
-        let Some((first, last)) = self.key_span() else {
-            return none;
-        };
+    /// The key indices query `p` sees, as at most three runs `[start, end)` (two in a
+    /// wrapped ring, one in the tail).
+    fn visible_runs(&self, p: usize) -> [(usize, usize); 3] {
+        let mut runs = [(0, 0); 3];
         let (lo, hi) = self.visible_span(p);
-        let (lo, hi) = (lo.max(first), hi.min(last));
-        if lo > hi {
-            return none;
-        }
-        match self.keys {
-            KeyOrder::Linear { first } => [(lo - first, hi + 1 - first), (0, 0)],
-            KeyOrder::Ring { .. } => {
-                let (a, b) = (lo % self.len, hi % self.len);
-                if a <= b {
-                    [(a, b + 1), (0, 0)]
-                } else {
-                    [(a, self.len), (0, b + 1)]
+        if let Some((first, last)) = self.key_span() {
+            let (lo, hi) = (lo.max(first), hi.min(last));
+            if lo <= hi {
+                match self.keys {
+                    KeyOrder::Linear { first } => runs[0] = (lo - first, hi + 1 - first),
+                    KeyOrder::Ring { .. } => {
+                        let (a, b) = (lo % self.len, hi % self.len);
+                        if a <= b {
+                            runs[0] = (a, b + 1);
+                        } else {
+                            runs[0] = (a, self.len);
+                            runs[1] = (0, b + 1);
+                        }
+                    }
                 }
             }
         }
+        if let Some((first, n)) = self.tail {
+            // Tail keys are intact whatever `held_lo` says of older positions.
+            let lo = self
+                .window
+                .map_or(0, |w| (p + 1).saturating_sub(w))
+                .max(first);
+            let hi = p.min((first + n).saturating_sub(1));
+            if n > 0 && lo <= hi {
+                runs[2] = (self.len + lo - first, self.len + hi + 1 - first);
+            }
+        }
+        runs
     }
 
     /// The additive mask `[q_len, kv_len]` (f32, 0 = visible, -inf = hidden) in key order, or
@@ -154,20 +185,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The definition, key by key.
+    /// The definition, key by key: `(position, intact)` of key `i`, then the rule.
     fn reference(m: &Mask) -> Vec<Vec<bool>> {
-        let pos = |i: usize| -> usize {
-            match m.keys {
+        let key = |i: usize| -> (usize, bool) {
+            if i >= m.len {
+                let (first, _) = m.tail.unwrap();
+                return (first + i - m.len, true);
+            }
+            let k = match m.keys {
                 KeyOrder::Linear { first } => first + i,
                 KeyOrder::Ring { last } => last - (last + m.len - i) % m.len,
-            }
+            };
+            (k, k >= m.held_lo)
         };
+        let (_, n_k) = m.shape();
         (m.q_start..m.q_end)
             .map(|p| {
-                (0..m.len)
+                (0..n_k)
                     .map(|i| {
-                        let k = pos(i);
-                        k >= m.held_lo && k <= p && m.window.is_none_or(|w| k + w > p)
+                        let (k, intact) = key(i);
+                        intact && k <= p && m.window.is_none_or(|w| k + w > p)
                     })
                     .collect()
             })
@@ -176,7 +213,7 @@ mod tests {
 
     fn materialised(m: &Mask) -> Vec<Vec<bool>> {
         match m.tensor(&Device::Cpu).unwrap() {
-            None => vec![vec![true; m.len]; m.q_end - m.q_start],
+            None => vec![vec![true; m.shape().1]; m.q_end - m.q_start],
             Some(t) => t
                 .to_vec2::<f32>()
                 .unwrap()
@@ -197,13 +234,20 @@ mod tests {
             q_back in 0usize..12,
             held_back in 0usize..60,
             window in proptest::option::of(1usize..30),
+            tail in proptest::option::of(0usize..6),
         ) {
             // Keys end at `end - 1`; queries end at or before the newest key + 1.
             let end = first + len;
             let q_end = end.saturating_sub(q_back).max(q_len);
             let queries = q_end - q_len..q_end;
             let keys = if ring { KeyOrder::Ring { last: end - 1 } } else { KeyOrder::Linear { first } };
-            let m = Mask::new(queries, keys, len, end.saturating_sub(held_back), window);
+            let mut m = Mask::new(queries, keys, len, end.saturating_sub(held_back), window);
+            if let Some(n) = tail {
+                // A staged tail continues the keys, and the queries are its last positions.
+                let q_len = q_len.min(n.max(1));
+                m = Mask::new(end + n - q_len..end + n, keys, len, end.saturating_sub(held_back), window)
+                    .with_tail(end, n);
+            }
             let want = reference(&m);
             prop_assert_eq!(materialised(&m), want.clone());
             prop_assert_eq!(m.hides_nothing(), want.iter().flatten().all(|&v| v));

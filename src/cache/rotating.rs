@@ -200,6 +200,7 @@ impl RotatingKvCache {
         Ok(Attend {
             k: k_all,
             v: v_all,
+            tail: None,
             mask,
         })
     }
@@ -227,35 +228,54 @@ impl RotatingKvCache {
         Ok(Attend {
             k: k_all,
             v: v_all,
+            tail: None,
             mask,
         })
     }
 
-    /// Staged speculation: new K/V join the side buffer; attend over tail + staged.
+    /// Staged speculation: new K/V join the side buffer; attend over the ring (in slot order,
+    /// no copy) followed by the staged K/V as the [`Attend::tail`].
     fn append_staged(&mut self, k: &Tensor, v: &Tensor, q: usize) -> Result<Attend> {
         let base = self.ring_end();
-        let tail_start = self.needed_from(base).max(self.held_lo());
-        let tail = self.logical(tail_start, base)?;
+        let held_lo = self.held_lo();
         let spec = self.spec.as_mut().ok_or(CacheError::SpeculationOpen)?;
         let new = (k.clone(), v.clone());
         spec.staged = cat_seq(&[spec.staged.as_ref(), Some(&new)])?;
-        let staged = spec.staged.as_ref();
-        let (k_all, v_all) = cat_seq(&[tail.as_ref(), staged])?.ok_or_else(no_ring)?;
+        let staged = spec.staged.clone().ok_or_else(no_ring)?;
         let end = self.offset + q;
-        let keys = KeyOrder::Linear { first: tail_start };
-        let mask = Mask::new(
-            self.offset..end,
-            keys,
-            end - tail_start,
-            tail_start,
-            Some(self.window),
-        );
+        let queries = self.offset..end;
         self.offset = end;
-        Ok(Attend {
-            k: k_all,
-            v: v_all,
-            mask,
-        })
+        let (ring_len, keys) = if base <= self.capacity {
+            (base, KeyOrder::Linear { first: 0 })
+        } else {
+            (self.capacity, KeyOrder::Ring { last: base - 1 })
+        };
+        let mask = Mask::new(queries.clone(), keys, ring_len, held_lo, Some(self.window))
+            .with_tail(base, end - base);
+        match &self.ring {
+            Some(ring) if ring_len > 0 => {
+                let (k_all, v_all) = ring.view(0, ring_len)?;
+                Ok(Attend {
+                    k: k_all,
+                    v: v_all,
+                    tail: Some(staged),
+                    mask,
+                })
+            }
+            // Nothing committed yet: the staged K/V are all there is.
+            _ => Ok(Attend {
+                k: staged.0,
+                v: staged.1,
+                tail: None,
+                mask: Mask::new(
+                    queries,
+                    KeyOrder::Linear { first: base },
+                    end - base,
+                    base,
+                    Some(self.window),
+                ),
+            }),
+        }
     }
 
     fn ensure_ring(&mut self, like: &Tensor) -> Result<()> {

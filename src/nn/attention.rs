@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use super::{Linear, RmsNorm, Rope};
-use crate::cache::LayerCache;
+use crate::cache::{Attend, LayerCache};
 use crate::error::{Error, Result};
 
 /// Head geometry of one attention layer.
@@ -113,26 +113,33 @@ impl Attention {
         let v = v.transpose(0, 1)?.unsqueeze(0)?;
         let attend = cache.append(&k, &v)?;
         let mask = attend.mask_tensor()?;
-        let out = self.attend(&q, &attend.k, &attend.v, mask.as_ref())?;
+        let out = self.attend(&q, &attend, mask.as_ref())?;
         // [1, heads, t, d] -> [t, heads * d]
         let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?;
         self.o.forward(&out)
     }
 
-    /// Softmax attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` (possibly strided
-    /// views) with an additive `mask: [t, L]`. Grouped heads share K/V without copying them:
-    /// the `h / kv` query heads of a group are stacked as rows of one `[g * t, d]` matrix.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    /// Softmax attention of `q: [1, h, t, d]` over `attend`'s `k`, `v: [1, kv, L, d]` (possibly
+    /// strided views) and its tail `[1, kv, L', d]`, with an additive `mask: [t, L + L']`.
+    /// Grouped heads share K/V without copying them: the `h / kv` query heads of a group are
+    /// stacked as rows of one `[g * t, d]` matrix. A tail gets its own score and value
+    /// products (joined along the key axis only for the softmax), so it is never copied
+    /// together with `k`/`v`.
+    fn attend(&self, q: &Tensor, attend: &Attend, mask: Option<&Tensor>) -> Result<Tensor> {
         let HeadShape {
             num_heads: h,
             num_kv_heads: kv,
             head_dim: d,
         } = self.shape;
         let t = q.dim(2)?;
-        let len = k.dim(2)?;
         let g = h / kv;
         let q = q.reshape((1, kv, g * t, d))?;
-        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g t, L]
+        let head_len = attend.k.dim(2)?;
+        let mut scores = q.matmul(&attend.k.t()?)?; // [1, kv, g t, L]
+        if let Some((tk, _)) = &attend.tail {
+            scores = Tensor::cat(&[&scores, &q.matmul(&tk.t()?)?], 3)?;
+        }
+        let len = scores.dim(3)?;
         if let Some(cap) = self.softcap {
             scores = ((scores / cap)?.tanh()? * cap)?;
         }
@@ -147,7 +154,15 @@ impl Attention {
                 candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dtype)?
             }
         };
-        let out = probs.reshape((1, kv, g * t, len))?.matmul(v)?; // [1, kv, g t, d]
+        let probs = probs.reshape((1, kv, g * t, len))?;
+        let out = match &attend.tail {
+            None => probs.matmul(&attend.v)?, // [1, kv, g t, d]
+            Some((_, tv)) => {
+                let head = probs.narrow(3, 0, head_len)?.contiguous()?;
+                let tail = probs.narrow(3, head_len, len - head_len)?.contiguous()?;
+                (head.matmul(&attend.v)? + tail.matmul(tv)?)?
+            }
+        };
         Ok(out.reshape((1, h, t, d))?)
     }
 }

@@ -68,13 +68,14 @@ impl LanguageModel for Toy {
         let x = self.emb.index_select(&ids, 0)?;
         let kv = x.reshape((1, 1, n, dim))?;
         let att = cache.layer_mut(0)?.append(&kv, &kv)?;
-        let mut scores = kv.matmul(&att.k.contiguous()?.t()?)?;
+        let (att_k, att_v) = att.joined()?;
+        let mut scores = kv.matmul(&att_k.contiguous()?.t()?)?;
         scores = (scores / (dim as f64).sqrt())?;
         if let Some(mask) = &att.mask_tensor()? {
             scores = scores.broadcast_add(mask)?;
         }
         let p = candle_nn::ops::softmax_last_dim(&scores)?;
-        let h = p.matmul(&att.v.contiguous()?)?.reshape((n, dim))?;
+        let h = p.matmul(&att_v.contiguous()?)?.reshape((n, dim))?;
         let mut logits = (x + h)?.matmul(&self.out)?;
         if self.successor_bias != 0.0 {
             let mut bias = vec![0f32; n * self.vocab];

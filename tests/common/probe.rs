@@ -35,7 +35,8 @@ pub fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
         .map(|i| 1.0 + i as f32 * 0.3)
         .collect();
     let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
-    let (k, v) = (a.k.contiguous().unwrap(), a.v.contiguous().unwrap());
+    let (k, v) = a.joined().unwrap();
+    let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
     let mut scores = q.matmul(&k.t().unwrap()).unwrap();
     if let Some(m) = &a.mask_tensor().unwrap() {
         scores = scores.broadcast_add(m).unwrap();
