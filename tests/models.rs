@@ -469,6 +469,35 @@ fn tiny_models_decode_incrementally_like_a_full_forward() {
 }
 
 #[test]
+fn forward_last_is_the_last_row_of_a_full_forward_and_fills_the_cache_alike() {
+    let root = tempfile::tempdir().unwrap();
+    for case in tiny_cases() {
+        let model = load(&write_tiny(root.path(), &case, true, DType::F32));
+        let tokens = test_tokens(40, 64);
+        let strategy = RotatingStrategy::Staged;
+        let full = full_logits(&model, &tokens, strategy);
+        let mut cache = model.new_cache(strategy).unwrap();
+        let last = model.forward_last(&tokens, &mut cache).unwrap();
+        assert_eq!(last.dims(), &[1, full.dim(1).unwrap()], "{}", case.name);
+        assert_close(
+            case.name,
+            &last,
+            &full.narrow(0, tokens.len() - 1, 1).unwrap(),
+        );
+        // The cache holds the whole prompt: the next token decodes as after a full forward.
+        let next = model.forward_last(&[7], &mut cache).unwrap();
+        let mut tokens = tokens;
+        tokens.push(7);
+        let full = full_logits(&model, &tokens, strategy);
+        assert_close(
+            case.name,
+            &next,
+            &full.narrow(0, tokens.len() - 1, 1).unwrap(),
+        );
+    }
+}
+
+#[test]
 fn both_config_spellings_give_the_same_model() {
     let root = tempfile::tempdir().unwrap();
     let tokens = test_tokens(24, 64);

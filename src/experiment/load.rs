@@ -78,13 +78,23 @@ impl LoadedModel {
     }
 }
 
-impl LanguageModel for LoadedModel {
-    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        let logits = self.model.forward(tokens, cache)?;
+impl LoadedModel {
+    /// Logits cut to the vocabulary width shared with the other models.
+    fn shared_width(&self, logits: Tensor) -> Result<Tensor> {
         match self.vocab {
             Some(v) => Ok(logits.narrow(1, 0, v)?),
             None => Ok(logits),
         }
+    }
+}
+
+impl LanguageModel for LoadedModel {
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.shared_width(self.model.forward(tokens, cache)?)
+    }
+
+    fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.shared_width(self.model.forward_last(tokens, cache)?)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

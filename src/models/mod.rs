@@ -171,6 +171,16 @@ impl Model {
         }
     }
 
+    /// Like [`Model::forward`], but only the last position's logits (`[1, vocab_size]`): what
+    /// a prefill or a drafting step needs.
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        if self.device.is_cpu() {
+            crate::nn::on_cpu_pool(|| self.decoder.forward_last(tokens, cache))
+        } else {
+            self.decoder.forward_last(tokens, cache)
+        }
+    }
+
     /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
     /// `RotatingKvCache::new(window, strategy)` per sliding one.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
@@ -191,6 +201,10 @@ impl Model {
 impl crate::spec::LanguageModel for Model {
     fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
         Model::forward(self, tokens, cache)
+    }
+
+    fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        Model::forward_last(self, tokens, cache)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

@@ -350,6 +350,17 @@ impl Decoder {
     /// Logits `[tokens.len(), vocab]` (f32) for every position; positions start at
     /// `cache.offset()` and every layer's cache grows by `tokens.len()`.
     pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.forward_rows(tokens, cache, false)
+    }
+
+    /// Like [`Self::forward`], but only the last position's logits: `[1, vocab_size]`. The
+    /// final norm and LM head run on one row (a prefill of `n` tokens skips `n − 1` rows of
+    /// `hidden × vocab` products).
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        self.forward_rows(tokens, cache, true)
+    }
+
+    fn forward_rows(&self, tokens: &[u32], cache: &mut ModelCache, last: bool) -> Result<Tensor> {
         self.check_input(tokens, cache)?;
         let offset = cache.offset();
         let ids = Tensor::new(tokens, self.embed.device())?;
@@ -359,6 +370,9 @@ impl Decoder {
         }
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, offset, cache.layer_mut(i)?)?;
+        }
+        if last {
+            x = x.narrow(0, tokens.len() - 1, 1)?;
         }
         let mut logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
         if let Some(cap) = self.final_softcap {

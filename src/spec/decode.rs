@@ -113,7 +113,7 @@ fn prefill<'a, M: LanguageModel>(
         params,
         eos: target.eos_token_ids(),
     };
-    let logits = target.forward(prompt, cache)?;
+    let logits = target.forward_last(prompt, cache)?;
     let first = next_token(&logits, &params.sampling, rng)?;
     out.record.target_forwards = 1;
     out.record.prefill_s = start.elapsed().as_secs_f64();
@@ -133,7 +133,7 @@ pub fn autoregressive<M: LanguageModel>(
     let (mut out, mut token) = prefill(target, cache, prompt, params, rng)?;
     while !out.push(token) {
         let t = Instant::now();
-        let logits = target.forward(&[token], cache)?;
+        let logits = target.forward_last(&[token], cache)?;
         token = next_token(&logits, &params.sampling, rng)?;
         out.record.target_forwards += 1;
         out.record.verify_s += t.elapsed().as_secs_f64();

@@ -159,7 +159,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
             self.cache.reset();
         }
         let fresh = &context[self.cache.offset()..];
-        let logits = self.model.forward(fresh, &mut self.cache)?;
+        let logits = self.model.forward_last(fresh, &mut self.cache)?;
         self.forwards += 1;
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
@@ -178,7 +178,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
             if tokens.len() == max {
                 break;
             }
-            let logits = self.model.forward(&[token], spec.cache())?;
+            let logits = self.model.forward_last(&[token], spec.cache())?;
             self.forwards += 1;
             (token, q, conf) = pick(&logits, sampling, rng, need_conf)?;
         }

@@ -32,6 +32,13 @@ use crate::error::Result;
 pub trait LanguageModel {
     /// Logits `[tokens.len(), vocab]` (f32) for every input position; appends to `cache`.
     fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor>;
+    /// Logits `[1, vocab]` of the last position only (prefill, drafting); appends to `cache`
+    /// like [`Self::forward`]. The default narrows a full forward; models override it to skip
+    /// the LM head on the other rows.
+    fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
+        let logits = self.forward(tokens, cache)?;
+        Ok(logits.narrow(0, logits.dim(0)? - 1, 1)?)
+    }
     /// Empty caches for one sequence, rotating layers using `strategy`.
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache>;
     /// Size of the output distribution.
