@@ -6,7 +6,7 @@
 //! product with every token row while it is in L1. candle's general gemm instead repacks `W`
 //! when `x` has more than one row: measured on the default target's weights (cold in cache,
 //! one thread), a 2–5 row product took 3–5× the time of a one-row product (`[1536, 256]`:
-//! 80 µs for one row, 330–420 µs for 2–5); this kernel took 125–175 µs for 2–5 rows. That is
+//! 65–100 µs for one row, 290–420 µs for 5); this kernel took 130–155 µs for 5 rows. That is
 //! what lets verifying γ drafts cost not much more than one decode step.
 //!
 //! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
@@ -141,28 +141,53 @@ mod x86 {
     /// See [`super::rows`].
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, yt: &mut [f32]) {
-        let body = inp - inp % 8;
         for (w_row, y) in w.chunks_exact(inp).zip(yt.chunks_exact_mut(t)) {
-            let mut i0 = 0;
-            while i0 < t {
-                let n = (t - i0).min(BLOCK);
-                let mut acc = [_mm256_setzero_ps(); BLOCK];
-                let mut k = 0;
-                while k < body {
-                    let wv = _mm256_loadu_ps(w_row.as_ptr().add(k));
-                    for (b, a) in acc.iter_mut().enumerate().take(n) {
-                        let xv = _mm256_loadu_ps(x.as_ptr().add((i0 + b) * inp + k));
-                        *a = _mm256_fmadd_ps(xv, wv, *a);
-                    }
-                    k += 8;
-                }
-                for (b, a) in acc.iter().enumerate().take(n) {
-                    let row = &x[(i0 + b) * inp..(i0 + b + 1) * inp];
-                    let tail: f32 = (body..inp).map(|k| row[k] * w_row[k]).sum();
-                    y[i0 + b] = hsum(*a) + tail;
-                }
-                i0 += n;
+            single(x, w_row, t, y);
+        }
+    }
+
+    /// Every token against one row of `w`, in blocks of up to [`BLOCK`] tokens.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn single(x: &[f32], w_row: &[f32], t: usize, y: &mut [f32]) {
+        let mut i0 = 0;
+        while i0 < t {
+            let n = (t - i0).min(BLOCK);
+            // A block size known at compile time keeps the accumulators in registers.
+            match n {
+                1 => block::<1>(x, w_row, i0, y),
+                2 => block::<2>(x, w_row, i0, y),
+                3 => block::<3>(x, w_row, i0, y),
+                4 => block::<4>(x, w_row, i0, y),
+                5 => block::<5>(x, w_row, i0, y),
+                6 => block::<6>(x, w_row, i0, y),
+                7 => block::<7>(x, w_row, i0, y),
+                _ => block::<BLOCK>(x, w_row, i0, y),
             }
+            i0 += n;
+        }
+    }
+
+    /// `y[i0 + b] = dot(x[i0 + b], w_row)` for `b < N`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block<const N: usize>(x: &[f32], w_row: &[f32], i0: usize, y: &mut [f32]) {
+        let inp = w_row.len();
+        let body = inp - inp % 8;
+        let mut acc = [_mm256_setzero_ps(); N];
+        let (xp, wp) = (x.as_ptr().add(i0 * inp), w_row.as_ptr());
+        let mut k = 0;
+        while k < body {
+            let wv = _mm256_loadu_ps(wp.add(k));
+            for (b, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(b * inp + k)), wv, *a);
+            }
+            k += 8;
+        }
+        for (b, a) in acc.iter().enumerate() {
+            let row = &x[(i0 + b) * inp..(i0 + b + 1) * inp];
+            let tail: f32 = (body..inp).map(|k| row[k] * w_row[k]).sum();
+            y[i0 + b] = hsum(*a) + tail;
         }
     }
 
