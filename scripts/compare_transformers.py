@@ -2,7 +2,7 @@
 """Side-by-side CPU benchmark: specdec against Hugging Face transformers, greedy, same models.
 
 One invocation runs four greedy generations of the same prompts with the same number of new
-tokens, all in f32 on the CPU of this machine, one after the other:
+tokens, all in f32 on the CPU of this machine:
 
   1. HF plain      transformers `generate` with the target (models/target, Mistral, window 64);
   2. HF assisted   transformers assisted generation, assistant_model = the draft
@@ -11,24 +11,42 @@ tokens, all in f32 on the CPU of this machine, one after the other:
   3. specdec AR    `exp` (src/bin/exp.rs), method "autoregressive";
   4. specdec spec  `exp`, method "speculative", drafter = the draft model, gamma = 4.
 
-It prints tokens/s of each, the ratios, and checks that the four produced exactly the same
-token ids for every prompt (exit status 1 naming the prompt and the first differing position
-otherwise; 2 for a usage or setup error).
+Because run-to-run throughput on a shared or virtual machine easily varies by 2x, the whole set
+is measured --repeats N times (default 5), interleaved round-robin: each round runs three
+units, (a) one `exp run` whose sweep holds both specdec methods (exp always runs the
+autoregressive point first, then the speculative one, in the same process), (b) HF plain over
+all prompts, (c) HF assisted over all prompts; the order of the three units is rotated from
+round to round (round 1: a b c, round 2: b c a, round 3: c a b, ...), so that no unit always
+runs first or last. The HF models are loaded once, before round 1, and each HF configuration
+gets one untimed warm-up `generate` before round 1 only; exp is a fresh process every round
+(with its own untimed warm-up).
+
+It prints, per round, the tokens/s of each method and specdec's spec/AR ratio; then per method
+the median tokens/s over the rounds with the min-max range; the ratios between methods as
+ratios of those medians; and specdec spec/AR also as the median of the per-round paired ratios
+(both methods of a round come from the same exp process, so they share that round's
+conditions, which cancels most of the noise). The targets "specdec AR >= 2x HF plain" and
+"specdec spec >= 3x HF plain" are judged on the ratio of medians, "specdec spec >= 1.3x
+specdec AR" on the median of the paired per-round ratios. It checks that the four produced
+exactly the same token ids for every prompt in every round (reference: HF plain of round 1),
+exiting with status 1 naming the round, the prompt and the first differing position otherwise;
+2 for a usage or setup error.
 
 Setup and usage (from the repository root):
 
     python3 -m venv ~/venv-hf && . ~/venv-hf/bin/activate
     pip install -r scripts/requirements-compare.txt
-    python scripts/compare_transformers.py                      # 8 code prompts x 128 tokens
-    python scripts/compare_transformers.py --limit 2 --max-new-tokens 32 --json /tmp/cmp.json
+    python scripts/compare_transformers.py                      # 8 code prompts x 128 tokens, 5 rounds
+    python scripts/compare_transformers.py --limit 2 --max-new-tokens 32 --repeats 2 --json /tmp/cmp.json
     python scripts/compare_transformers.py --threads 2 --skip-build
 
 Options: --prompts PATH (default configs/prompts/code.jsonl), --limit N (8), --max-new-tokens
-N (128), --threads N (torch.set_num_threads, and RAYON_NUM_THREADS / CANDLE_NUM_THREADS for
-exp; default: each library's own default, printed), --skip-build (use the existing
-target/release/exp, or --exp-bin PATH), --stop-at-eos (see below), --cache staged|slack
-(specdec's rotating-cache rollback), --json PATH (all figures and per-prompt records),
---keep-specdec-out DIR (keep exp's result folder).
+N (128), --repeats N (5 rounds), --threads N (torch.set_num_threads, and RAYON_NUM_THREADS /
+CANDLE_NUM_THREADS for exp; default: each library's own default, printed), --skip-build (use
+the existing target/release/exp, or --exp-bin PATH), --stop-at-eos (see below), --cache
+staged|slack (specdec's rotating-cache rollback), --json PATH (all figures: per round, every
+method's per-prompt records, tokens/s and ratios; then the medians, ranges and targets),
+--keep-specdec-out DIR (keep exp's result folders, DIR/round-1 ... DIR/round-N).
 
 What is compared, and how it is kept identical:
   * Prompt tokens: exp encodes the first turn of each JSONL record (`prompt`, or Spec-Bench
@@ -43,12 +61,15 @@ What is compared, and how it is kept identical:
     it works by setting the EOS logit to -inf, which would change the greedy choice wherever
     EOS is the argmax and so break the token-for-token comparison. With --stop-at-eos both sides
     stop after emitting EOS (the EOS is counted as a new token on both sides).
-  * Timing: specdec tokens/s = sum(new_tokens) / sum(wall_s) over the prompts, per method,
-    from exp's results.jsonl (wall_s covers prefill + decoding of one generation, not model
-    loading; exp runs its own short untimed warm-up first). HF tokens/s = sum(new tokens) /
-    sum(time of the `generate` call) over the same prompts: loading and tokenisation are not
-    timed, and one untimed warm-up `generate` (first prompt, full length) precedes each HF
-    configuration. Every `generate` runs under torch.inference_mode().
+  * Timing, per round: specdec tokens/s = sum(new_tokens) / sum(wall_s) over the prompts, per
+    method, from that round's exp results.jsonl (wall_s covers prefill + decoding of one
+    generation, not model loading; exp runs its own short untimed warm-up first). HF
+    tokens/s = sum(new tokens) / sum(time of the `generate` call) over the same prompts:
+    loading and tokenisation are not timed, and one untimed warm-up `generate` (first prompt,
+    full length) precedes each HF configuration, once, before round 1. Every `generate` runs
+    under torch.inference_mode(). Over the rounds: median (and min, max) of each method's
+    per-round tokens/s; method ratios = ratio of the medians; paired specdec spec/AR = median
+    over rounds of (spec tokens/s / AR tokens/s of the same round).
   * Threads: candle uses RAYON_NUM_THREADS, else the CPUs it may run on; torch uses its own
     default (usually the physical cores). Both are printed; --threads N sets both to N. On a
     busy machine torch's multi-threaded kernels suffer far more than candle's from sharing
@@ -63,6 +84,7 @@ import logging
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +119,9 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", default="configs/prompts/code.jsonl", help="JSONL prompts (default: %(default)s)")
     ap.add_argument("--limit", type=int, default=8, help="use the first N prompts (default: %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generation (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="measurement rounds, interleaved round-robin with a rotating order; medians are "
+                         "reported (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads(N), RAYON_NUM_THREADS=N and CANDLE_NUM_THREADS=N for exp "
                          "(default: leave both libraries' defaults)")
@@ -108,14 +133,18 @@ def parse_args(argv=None):
                     help="specdec rotating-cache rollback strategy (default: %(default)s)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="let both sides stop at EOS (default: never stop early, exactly --max-new-tokens each)")
-    ap.add_argument("--json", default=None, metavar="PATH", help="write all figures and per-prompt records to PATH")
+    ap.add_argument("--json", default=None, metavar="PATH",
+                    help="write all figures (every round's per-prompt records, tokens/s, ratios) to PATH")
     ap.add_argument("--keep-specdec-out", default=None, metavar="DIR",
-                    help="keep exp's result folder at DIR (must not exist; default: a temporary folder, deleted)")
+                    help="keep exp's result folders at DIR/round-1 .. DIR/round-N (DIR must not exist; "
+                         "default: temporary folders, deleted)")
     args = ap.parse_args(argv)
     if args.limit < 1:
         ap.error("--limit must be >= 1")
     if args.max_new_tokens < 1:
         ap.error("--max-new-tokens must be >= 1")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be >= 1")
     return args
@@ -312,20 +341,24 @@ def specdec_config(args, prompts_path, target_dir, draft_dir):
     ])
 
 
-def run_specdec(args, exe, prompts_path, target_dir, draft_dir):
+def run_specdec(args, exe, prompts_path, target_dir, draft_dir, keep_dir=None):
+    """One `exp run` of both specdec methods; returns (results.jsonl records, keep_dir or None)."""
     tmp = tempfile.mkdtemp(prefix="compare-transformers-")
     try:
         config_path = os.path.join(tmp, "config.toml")
         with open(config_path, "w") as fh:
             fh.write(specdec_config(args, prompts_path, target_dir, draft_dir))
-        out = os.path.abspath(args.keep_specdec_out) if args.keep_specdec_out else os.path.join(tmp, "run")
+        out = keep_dir or os.path.join(tmp, "run")
         env = dict(os.environ)
         if args.threads is not None:
             env["RAYON_NUM_THREADS"] = str(args.threads)
             env["CANDLE_NUM_THREADS"] = str(args.threads)
         cmd = [exe, "run", config_path, "--out", out, "--no-progress"]
         print("$ " + " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as e:  # e.g. the binary vanished while cargo relinks it
+            raise SetupError(f"cannot run {exe}: {e}")
         if proc.returncode != 0:
             sys.stderr.write(proc.stdout + proc.stderr)
             raise SetupError(f"exp failed (exit {proc.returncode})")
@@ -336,7 +369,7 @@ def run_specdec(args, exe, prompts_path, target_dir, draft_dir):
             for line in fh:
                 if line.strip():
                     records.append(json.loads(line))
-        return records, out if args.keep_specdec_out else None
+        return records, keep_dir
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -441,66 +474,83 @@ class ForwardCounter:
         return n
 
 
-def run_hf(args, prompts, target, draft, torch):
-    eos_ids = target.generation_config.eos_token_id
-    if eos_ids is None:
-        eos_ids = target.config.eos_token_id
-    eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
-    target.generation_config = plain_generation_config(args, eos_ids)
-    draft.generation_config = assistant_generation_config(args, eos_ids)
-    t_count, d_count = ForwardCounter(target), ForwardCounter(draft)
+class HFRunner:
+    """transformers side: both generation configs set once; `warm_up` (untimed, once per
+    configuration, before round 1) and `run` (one timed pass over all prompts)."""
 
-    def generate(ids, assisted):
+    CONFIGS = (("hf_plain", False), ("hf_assisted", True))
+
+    def __init__(self, args, prompts, target, draft, torch):
+        self.prompts, self.target, self.draft, self.torch = prompts, target, draft, torch
+        eos_ids = target.generation_config.eos_token_id
+        if eos_ids is None:
+            eos_ids = target.config.eos_token_id
+        self.eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
+        target.generation_config = plain_generation_config(args, self.eos_ids)
+        draft.generation_config = assistant_generation_config(args, self.eos_ids)
+        self.t_count, self.d_count = ForwardCounter(target), ForwardCounter(draft)
+
+    def _generate(self, ids, assisted):
+        torch = self.torch
         input_ids = torch.tensor([ids], dtype=torch.long)
-        kwargs = dict(attention_mask=torch.ones_like(input_ids), generation_config=target.generation_config)
+        kwargs = dict(attention_mask=torch.ones_like(input_ids), generation_config=self.target.generation_config)
         if assisted:
-            kwargs["assistant_model"] = draft
+            kwargs["assistant_model"] = self.draft
         with torch.inference_mode():
             start = time.perf_counter()
-            out = target.generate(input_ids, **kwargs)
+            out = self.target.generate(input_ids, **kwargs)
             seconds = time.perf_counter() - start
         out = out[0].tolist()
         if out[:len(ids)] != ids:
             raise SetupError("transformers' generate did not echo the prompt")
         return out[len(ids):], seconds
 
-    runs = {}
-    for key, assisted in (("hf_plain", False), ("hf_assisted", True)):
-        generate(prompts[0]["ids"], assisted)  # untimed warm-up
-        t_count.take(), d_count.take()
-        runs[key] = []
-        for p in prompts:
-            new, seconds = generate(p["ids"], assisted)
-            runs[key].append({
+    def warm_up(self):
+        for _, assisted in self.CONFIGS:
+            self._generate(self.prompts[0]["ids"], assisted)  # untimed
+        self.t_count.take(), self.d_count.take()
+
+    def run(self, key):
+        assisted = dict(self.CONFIGS)[key]
+        self.t_count.take(), self.d_count.take()
+        recs = []
+        for p in self.prompts:
+            new, seconds = self._generate(p["ids"], assisted)
+            recs.append({
                 "prompt_id": p["id"],
                 "output_ids": new,
                 "new_tokens": len(new),
                 "seconds": seconds,
-                "target_forwards": t_count.take(),
-                "draft_forwards": d_count.take(),
+                "target_forwards": self.t_count.take(),
+                "draft_forwards": self.d_count.take(),
             })
-        print(f"  {key}: done", flush=True)
-    t_count.handle.remove()
-    d_count.handle.remove()
-    return runs, eos_ids
+        return recs
+
+    def close(self):
+        self.t_count.handle.remove()
+        self.d_count.handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------
 # Comparison and report
 
 
-def compare_outputs(prompts, runs):
-    """Mismatches against HF plain: [{prompt_id, run, position, ...}]."""
+def compare_outputs(prompts, runs, reference, round_no):
+    """Mismatches of one round against the reference (HF plain of round 1):
+    [{round, prompt_id, run, position, ...}]. In round 1 HF plain is the reference itself."""
     problems = []
     for i, p in enumerate(prompts):
-        ref = runs["hf_plain"][i]["output_ids"]
-        for key, name in RUNS[1:]:
+        ref = reference[i]["output_ids"]
+        for key, name in RUNS:
+            if key == "hf_plain" and round_no == 1:
+                continue
             got = runs[key][i]["output_ids"]
             if got == ref:
                 continue
             pos = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
             problems.append({
-                "prompt_id": p["id"], "prompt_index": i, "run": key, "run_name": name, "position": pos,
+                "round": round_no, "prompt_id": p["id"], "prompt_index": i, "run": key, "run_name": name,
+                "position": pos,
                 "hf_plain_token": ref[pos] if pos < len(ref) else None,
                 "run_token": got[pos] if pos < len(got) else None,
                 "hf_plain_len": len(ref), "run_len": len(got),
@@ -508,11 +558,11 @@ def compare_outputs(prompts, runs):
     return problems
 
 
-def near_tie_note(problem, prompts, runs, target, torch):
+def near_tie_note(problem, prompts, reference, target, torch):
     """The target's top-2 logits at the first differing position (a full forward over prompt +
     the common prefix, no cache): a tiny margin points at f32 rounding, a large one at a bug."""
     p = prompts[problem["prompt_index"]]
-    prefix = runs["hf_plain"][problem["prompt_index"]]["output_ids"][:problem["position"]]
+    prefix = reference[problem["prompt_index"]]["output_ids"][:problem["position"]]
     with torch.inference_mode():
         logits = target(torch.tensor([p["ids"] + prefix]), use_cache=False).logits[0, -1].float()
     top = torch.topk(logits, 2)
@@ -525,6 +575,7 @@ def near_tie_note(problem, prompts, runs, target, torch):
 
 
 def summarize(runs):
+    """One round: per method, sums over the prompts and tokens/s = sum(tokens) / sum(seconds)."""
     out = {}
     for key, _ in RUNS:
         recs = runs[key]
@@ -537,11 +588,65 @@ def summarize(runs):
             "target_forwards": sum(r["target_forwards"] for r in recs),
             "draft_forwards": sum(r["draft_forwards"] for r in recs),
         }
+        if key == "specdec_spec":
+            out[key]["accepted"] = sum(r["accepted"] for r in recs)
+            out[key]["proposed"] = sum(r["proposed"] for r in recs)
     return out
 
 
-def ratio(summary, a, b):
-    return summary[a]["tokens_per_s"] / summary[b]["tokens_per_s"]
+RATIOS = (
+    ("specdec_ar/hf_plain", "specdec_ar", "hf_plain"),
+    ("specdec_spec/hf_plain", "specdec_spec", "hf_plain"),
+    ("specdec_spec/specdec_ar", "specdec_spec", "specdec_ar"),
+    ("hf_assisted/hf_plain", "hf_assisted", "hf_plain"),
+)
+PAIRED = "specdec_spec/specdec_ar"  # both from one exp process: judged on the median paired ratio
+
+
+def ratio_of(tps, a, b):
+    return tps[a] / tps[b] if tps[b] > 0 else float("nan")
+
+
+def aggregate(rounds):
+    """Over the rounds: per method median/min/max tokens/s; ratios of the medians; per-round
+    paired specdec spec/AR ratios and their median; the targets."""
+    methods = {}
+    for key, _ in RUNS:
+        per_round = [r["summary"][key]["tokens_per_s"] for r in rounds]
+
+        def span(field):
+            vals = sorted({r["summary"][key][field] for r in rounds})
+            return vals[0] if len(vals) == 1 else vals
+
+        methods[key] = {
+            "median_tokens_per_s": statistics.median(per_round),
+            "min_tokens_per_s": min(per_round),
+            "max_tokens_per_s": max(per_round),
+            "per_round_tokens_per_s": per_round,
+            "per_round_seconds": [r["summary"][key]["seconds"] for r in rounds],
+            # identical every round when the outputs are (a list of the distinct values otherwise)
+            "new_tokens": span("new_tokens"),
+            "target_forwards": span("target_forwards"),
+            "draft_forwards": span("draft_forwards"),
+        }
+    medians = {key: m["median_tokens_per_s"] for key, m in methods.items()}
+    ratios = {name: ratio_of(medians, a, b) for name, a, b in RATIOS}
+    paired_per_round = [r["ratios"][PAIRED] for r in rounds]
+    paired = {"ratio": PAIRED, "per_round": paired_per_round,
+              "median": statistics.median(paired_per_round),
+              "min": min(paired_per_round), "max": max(paired_per_round)}
+    targets = []
+    for label, a, b, t in TARGETS:
+        if f"{a}/{b}" == PAIRED:
+            value, basis = paired["median"], "median of the per-round paired ratios"
+        else:
+            value, basis = ratio_of(medians, a, b), "ratio of the median tokens/s"
+        targets.append({"target": label, "ratio": value, "basis": basis, "threshold": t, "met": value >= t})
+    return methods, ratios, paired, targets
+
+
+def fmt_span(v):
+    return f"{v}" if not isinstance(v, list) else f"{v[0]}..{v[-1]}"
 
 
 def main(argv=None):
@@ -579,7 +684,7 @@ def main(argv=None):
         "prompts": os.path.relpath(prompts_path, REPO), "limit": args.limit,
         "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos, "gamma": GAMMA,
         "cache": args.cache, "target": os.path.relpath(target_dir, REPO), "draft": os.path.relpath(draft_dir, REPO),
-        "dtype": "f32", "device": "cpu", "greedy": True,
+        "dtype": "f32", "device": "cpu", "greedy": True, "repeats": args.repeats,
     }
     print(f"date:         {env['date']}")
     print(f"cpu:          {env['cpu_model']}")
@@ -597,16 +702,17 @@ def main(argv=None):
     prompts = load_prompts(prompts_path, args.limit)
     print(f"settings:     {settings['prompts']} x {len(prompts)} prompts, "
           f"{args.max_new_tokens} new tokens, greedy, f32 CPU, gamma {GAMMA}, "
-          f"{'stop at EOS' if args.stop_at_eos else 'EOS not a stop'}, specdec cache {args.cache}")
+          f"{'stop at EOS' if args.stop_at_eos else 'EOS not a stop'}, specdec cache {args.cache}, "
+          f"{args.repeats} round(s)")
 
     encode_prompts(prompts, target_dir)
 
+    keep_root = None
+    if args.keep_specdec_out:
+        keep_root = os.path.abspath(args.keep_specdec_out)
+        if os.path.exists(keep_root):
+            raise SetupError(f"--keep-specdec-out {keep_root} already exists")
     exe = build_exp(args)
-    print("specdec: running exp ...", flush=True)
-    records, kept = run_specdec(args, exe, prompts_path, target_dir, draft_dir)
-    runs = specdec_runs(records, prompts)
-    if kept:
-        print(f"  exp results kept in {kept}")
 
     print("transformers: loading models ...", flush=True)
     target, draft = load_hf(target_dir, torch), load_hf(draft_dir, torch)
@@ -614,56 +720,103 @@ def main(argv=None):
     settings["hf_attn_implementation"] = attn
     settings["hf_target_class"] = type(target).__name__
     settings["hf_draft_class"] = type(draft).__name__
-    hf, eos_ids = run_hf(args, prompts, target, draft, torch)
-    runs.update(hf)
-    settings["eos_token_ids"] = eos_ids
+    hf = HFRunner(args, prompts, target, draft, torch)
+    settings["eos_token_ids"] = hf.eos_ids
+    print("transformers: untimed warm-up (one generate per configuration) ...", flush=True)
+    hf.warm_up()
+    if keep_root:
+        os.makedirs(keep_root)
 
-    summary = summarize(runs)
-    ratios = {
-        "specdec_ar/hf_plain": ratio(summary, "specdec_ar", "hf_plain"),
-        "specdec_spec/hf_plain": ratio(summary, "specdec_spec", "hf_plain"),
-        "specdec_spec/specdec_ar": ratio(summary, "specdec_spec", "specdec_ar"),
-        "hf_assisted/hf_plain": ratio(summary, "hf_assisted", "hf_plain"),
-    }
-    targets = [{"target": label, "ratio": ratio(summary, a, b), "threshold": t, "met": ratio(summary, a, b) >= t}
-               for label, a, b, t in TARGETS]
+    units = ("specdec", "hf_plain", "hf_assisted")
+    unit_names = {"specdec": "specdec (exp: AR, then spec)", "hf_plain": "HF plain", "hf_assisted": "HF assisted"}
+    rounds = []
+    for r in range(args.repeats):
+        round_no = r + 1
+        order = units[r % len(units):] + units[:r % len(units)]
+        load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        print(f"round {round_no}/{args.repeats}: " + ", ".join(unit_names[u] for u in order)
+              + (f"  (load {load[0]:.2f})" if load else ""), flush=True)
+        runs = {}
+        for unit in order:
+            if unit == "specdec":
+                keep_dir = os.path.join(keep_root, f"round-{round_no}") if keep_root else None
+                records, kept = run_specdec(args, exe, prompts_path, target_dir, draft_dir, keep_dir)
+                runs.update(specdec_runs(records, prompts))
+                if kept:
+                    print(f"  exp results kept in {kept}")
+            else:
+                runs[unit] = hf.run(unit)
+        summary = summarize(runs)
+        tps = {key: summary[key]["tokens_per_s"] for key, _ in RUNS}
+        rounds.append({
+            "round": round_no, "order": list(order), "load_average_at_start": load,
+            "summary": summary, "ratios": {name: ratio_of(tps, a, b) for name, a, b in RATIOS}, "runs": runs,
+        })
+        print("  tokens/s: " + ", ".join(f"{name} {tps[key]:.1f}" for key, name in RUNS)
+              + f"; specdec spec/AR {rounds[-1]['ratios'][PAIRED]:.2f}x", flush=True)
+    hf.close()
+
+    methods, ratios, paired, targets = aggregate(rounds)
 
     print()
-    print(f"{'run':<14}{'new tokens':>11}{'seconds':>10}{'tokens/s':>10}{'target fwd':>12}{'draft fwd':>11}")
+    print(f"tokens/s per round (order: S = specdec exp run, P = HF plain, A = HF assisted):")
+    print(f"{'round':<7}{'order':<7}" + "".join(f"{name:>14}" for _, name in RUNS) + f"{'spec/AR':>10}")
+    letters = {"specdec": "S", "hf_plain": "P", "hf_assisted": "A"}
+    for rd in rounds:
+        print(f"{rd['round']:<7}{''.join(letters[u] for u in rd['order']):<7}"
+              + "".join(f"{rd['summary'][key]['tokens_per_s']:>14.1f}" for key, _ in RUNS)
+              + f"{rd['ratios'][PAIRED]:>9.2f}x")
+    print()
+    print(f"over {len(rounds)} round(s):")
+    print(f"{'run':<14}{'new tokens':>11}{'median tok/s':>14}{'min-max tok/s':>17}{'target fwd':>12}{'draft fwd':>11}")
     for key, name in RUNS:
-        s = summary[key]
-        print(f"{name:<14}{s['new_tokens']:>11}{s['seconds']:>10.3f}{s['tokens_per_s']:>10.1f}"
-              f"{s['target_forwards']:>12}{s['draft_forwards']:>11}")
-    spec = runs["specdec_spec"]
-    proposed = sum(r["proposed"] for r in spec)
-    if proposed:
-        accepted = sum(r["accepted"] for r in spec)
-        print(f"specdec spec: {accepted}/{proposed} drafts accepted ({accepted / proposed:.1%})")
+        m = methods[key]
+        rng = f"{m['min_tokens_per_s']:.1f}-{m['max_tokens_per_s']:.1f}"
+        print(f"{name:<14}{fmt_span(m['new_tokens']):>11}{m['median_tokens_per_s']:>14.1f}{rng:>17}"
+              f"{fmt_span(m['target_forwards']):>12}{fmt_span(m['draft_forwards']):>11}")
+    spec1 = rounds[0]["summary"]["specdec_spec"]
+    if spec1["proposed"]:
+        print(f"specdec spec: {spec1['accepted']}/{spec1['proposed']} drafts accepted "
+              f"({spec1['accepted'] / spec1['proposed']:.1%}, round 1)")
     print()
-    print("ratios (tokens/s):")
+    print("ratios of the median tokens/s:")
     for k, v in ratios.items():
         print(f"  {k:<26}{v:>7.2f}x")
-    print("targets: " + "; ".join(f"{t['target']}: {'met' if t['met'] else 'not met'} ({t['ratio']:.2f}x)"
-                                  for t in targets))
+    print(f"specdec spec/AR paired per round (same exp process): "
+          + ", ".join(f"{v:.2f}x" for v in paired["per_round"])
+          + f"; median {paired['median']:.2f}x (min {paired['min']:.2f}x, max {paired['max']:.2f}x)")
+    print("targets:")
+    for t in targets:
+        print(f"  {t['target']}: {'met' if t['met'] else 'not met'} ({t['ratio']:.2f}x, {t['basis']})")
 
-    problems = compare_outputs(prompts, runs)
-    for pr in problems:
-        try:
-            pr["target_logits_at_position"] = near_tie_note(pr, prompts, runs, target, torch)
-        except Exception as e:  # diagnostics only
-            pr["target_logits_at_position"] = {"error": str(e)}
-    counts = {key: [r["new_tokens"] for r in runs[key]] for key, _ in RUNS}
-    if not args.stop_at_eos:
-        short = [(key, prompts[i]["id"], n) for key, ns in counts.items() for i, n in enumerate(ns)
-                 if n != args.max_new_tokens]
-        for key, pid, n in short:
-            problems.append({"prompt_id": pid, "run": key, "position": None,
-                             "message": f"{n} new tokens instead of {args.max_new_tokens}"})
+    reference = rounds[0]["runs"]["hf_plain"]
+    problems = []
+    notes = {}
+    for rd in rounds:
+        round_problems = compare_outputs(prompts, rd["runs"], reference, rd["round"])
+        for pr in round_problems:
+            note_key = (pr["prompt_index"], pr["position"], pr["run_token"])
+            if note_key not in notes:
+                try:
+                    notes[note_key] = near_tie_note(pr, prompts, reference, target, torch)
+                except Exception as e:  # diagnostics only
+                    notes[note_key] = {"error": str(e)}
+            pr["target_logits_at_position"] = notes[note_key]
+        problems.extend(round_problems)
+        if not args.stop_at_eos:
+            for key, _ in RUNS:
+                for i, rec in enumerate(rd["runs"][key]):
+                    if rec["new_tokens"] != args.max_new_tokens:
+                        problems.append({"round": rd["round"], "prompt_id": prompts[i]["id"], "run": key,
+                                         "position": None,
+                                         "message": f"{rec['new_tokens']} new tokens instead of "
+                                                    f"{args.max_new_tokens}"})
 
     if args.json:
-        doc = {"environment": env, "settings": settings, "summary": summary, "ratios": ratios, "targets": targets,
+        doc = {"environment": env, "settings": settings,
+               "summary": methods, "ratios": ratios, "paired_specdec_spec_over_ar": paired, "targets": targets,
                "identical_outputs": not problems, "mismatches": problems,
-               "prompts": [{"id": p["id"], "prompt_ids": p["ids"]} for p in prompts], "runs": runs}
+               "prompts": [{"id": p["id"], "prompt_ids": p["ids"]} for p in prompts], "rounds": rounds}
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
             fh.write("\n")
@@ -671,10 +824,10 @@ def main(argv=None):
 
     print()
     if problems:
-        print(f"OUTPUT MISMATCH: {len(problems)} problem(s) (reference: HF plain)")
+        print(f"OUTPUT MISMATCH: {len(problems)} problem(s) (reference: HF plain, round 1)")
         for pr in problems:
             if pr.get("position") is None:
-                print(f"  prompt {pr['prompt_id']!r}: {pr['run']}: {pr['message']}")
+                print(f"  round {pr['round']}: prompt {pr['prompt_id']!r}: {pr['run']}: {pr['message']}")
                 continue
             tl = pr.get("target_logits_at_position", {})
             detail = ""
@@ -682,12 +835,13 @@ def main(argv=None):
                 detail = (f"; HF target top-2 there: {tl['top1']}, {tl['top2']} (margin {tl['margin']:.4g}"
                           + (f", gap to {pr['run_token']}: {tl['run_token_gap']:.4g}" if "run_token_gap" in tl else "")
                           + ")")
-            print(f"  prompt {pr['prompt_id']!r}: {pr['run_name']} differs from HF plain at new-token position "
-                  f"{pr['position']}: {pr['run_token']} vs {pr['hf_plain_token']} "
+            print(f"  round {pr['round']}: prompt {pr['prompt_id']!r}: {pr['run_name']} differs from HF plain "
+                  f"(round 1) at new-token position {pr['position']}: {pr['run_token']} vs {pr['hf_plain_token']} "
                   f"(lengths {pr['run_len']} vs {pr['hf_plain_len']}){detail}")
         return 1
-    print(f"outputs: identical token ids in all four runs for all {len(prompts)} prompts "
-          f"({counts['hf_plain']} new tokens)")
+    counts = [r["new_tokens"] for r in reference]
+    print(f"outputs: identical token ids in all four runs for all {len(prompts)} prompts in all "
+          f"{len(rounds)} round(s) ({counts} new tokens)")
     return 0
 
 

@@ -88,7 +88,7 @@ impl Default for BenchConfig {
             head_dim: 128,
             layers: 1,
             min_runs: 2,
-            max_runs: 25,
+            max_runs: 2000,
             target_ms: 15,
             seed: 0,
         }

@@ -94,9 +94,14 @@ pub fn target_checks(rows: &[BenchRow]) -> String {
         rows[0].pattern
     };
     let mut out = format!(
-        "Growth from length {short} to {long} (pattern `{}`): time at {long} ÷ time at {short}.\n\n\
-         | strategy | γ | rollback µs ratio | step µs ratio |\n|---|---:|---:|---:|\n",
-        pattern.name()
+        "Growth from length {short} to {long} (pattern `{}`): time at {long} ÷ time at {short}. \
+         Timer floor (median of an empty timed region on this machine): {:.3} µs; rollbacks \
+         within a few hundredths of a µs of it are at the timer's resolution, and their ratios \
+         are ratios of clock ticks.\n\n\
+         | strategy | γ | rollback µs at {short} | rollback µs at {long} | rollback µs ratio | step µs ratio |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        pattern.name(),
+        super::run::timer_floor_us()
     );
     let find = |r: &BenchRow, len: usize| {
         rows.iter().find(|o| {
@@ -113,9 +118,11 @@ pub fn target_checks(rows: &[BenchRow]) -> String {
         if let Some(l) = find(r, long) {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.2} | {:.2} |",
+                "| {} | {} | {:.3} | {:.3} | {:.2} | {:.2} |",
                 r.strategy.name(),
                 r.gamma,
+                r.rollback_us,
+                l.rollback_us,
                 l.rollback_us / r.rollback_us.max(1e-3),
                 l.step_us / r.step_us.max(1e-3)
             );

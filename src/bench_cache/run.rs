@@ -190,6 +190,18 @@ fn measure_cell(
     })
 }
 
+/// Median µs of an empty timed region (`Instant::now()` then `elapsed()`): the smallest time
+/// the benchmark can report.
+pub fn timer_floor_us() -> f64 {
+    let samples = (0..10_000)
+        .map(|_| {
+            let start = Instant::now();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    median(samples)
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
