@@ -39,9 +39,9 @@ pub struct Attention {
 /// The parts an [`Attention`] is built from.
 #[derive(Debug)]
 pub struct AttentionParts {
-    /// q, k and v projections, in that order; q already multiplied by the softmax scale
-    /// unless `qk_norm` carries it.
-    pub qkv: [Linear; 3],
+    /// q, k and v projections stacked in that order (`[(heads + 2 kv_heads) * head_dim,
+    /// hidden]`); q already multiplied by the softmax scale unless `qk_norm` carries it.
+    pub qkv: Linear,
     /// Output projection.
     pub o: Linear,
     /// q and k norms (q's weight already multiplied by the softmax scale).
@@ -55,7 +55,7 @@ pub struct AttentionParts {
 }
 
 impl Attention {
-    /// Fuses the projections.
+    /// Checks the head geometry.
     pub fn new(parts: AttentionParts) -> Result<Self> {
         let HeadShape {
             num_heads,
@@ -67,9 +67,8 @@ impl Attention {
                 "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
             )));
         }
-        let [q, k, v] = parts.qkv;
         Ok(Self {
-            qkv: Linear::stacked(vec![q, k, v])?,
+            qkv: parts.qkv,
             o: parts.o,
             qk_norm: parts.qk_norm,
             rope: parts.rope,

@@ -20,31 +20,6 @@ impl Linear {
         Self { weight, bias }
     }
 
-    /// Rows of one weight matrix stacked from several (`[Σ out_i, in]`), e.g. q/k/v fused so a
-    /// forward is one matmul. Biases are stacked alike; a missing bias counts as zeros when
-    /// another part has one.
-    pub fn stacked(parts: Vec<Linear>) -> Result<Self> {
-        let weights: Vec<&Tensor> = parts.iter().map(|p| &p.weight).collect();
-        let weight = Tensor::cat(&weights, 0)?;
-        let bias = if parts.iter().any(|p| p.bias.is_some()) {
-            let biases = parts
-                .iter()
-                .map(|p| match &p.bias {
-                    Some(b) => Ok(b.clone()),
-                    None => Ok(Tensor::zeros(
-                        p.out_features()?,
-                        p.weight.dtype(),
-                        p.weight.device(),
-                    )?),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Tensor::cat(&biases, 0)?)
-        } else {
-            None
-        };
-        Ok(Self { weight, bias })
-    }
-
     /// Output features.
     pub fn out_features(&self) -> Result<usize> {
         Ok(self.weight.dim(0)?)

@@ -49,13 +49,19 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
-    /// Fuses `gate` and `up` (`[intermediate, hidden]` each).
-    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> Result<Self> {
-        let intermediate = gate.out_features()?;
+    /// From `gate_up` (`[2 * intermediate, hidden]`: the gate rows, then the up rows) and
+    /// `down`.
+    pub fn new(gate_up: Linear, down: Linear, act: Activation) -> Result<Self> {
+        let rows = gate_up.out_features()?;
+        if rows % 2 != 0 {
+            return Err(crate::error::Error::invalid(format!(
+                "gate_up has {rows} rows; expected gate and up of equal size"
+            )));
+        }
         Ok(Self {
-            gate_up: Linear::stacked(vec![gate, up])?,
+            gate_up,
             down,
-            intermediate,
+            intermediate: rows / 2,
             act,
         })
     }

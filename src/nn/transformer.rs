@@ -190,6 +190,51 @@ impl Loader<'_> {
         Ok(Linear::new(weight, bias))
     }
 
+    /// Projections `(base, out, scale)` over the same `inp` fused into one layer: their
+    /// `{base}.weight` stacked by rows (and `{base}.bias` likewise when `bias`), loaded
+    /// without a concatenation copy (see [`Weights::get_stacked`]).
+    fn stacked_linear(
+        &self,
+        parts: &[(String, usize, f64)],
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear> {
+        let names = |suffix: &str| -> Vec<String> {
+            parts
+                .iter()
+                .map(|(base, _, _)| format!("{base}.{suffix}"))
+                .collect()
+        };
+        let (weight_names, bias_names) = (names("weight"), names("bias"));
+        let shapes: Vec<([usize; 2], [usize; 1])> = parts
+            .iter()
+            .map(|&(_, out, _)| ([out, inp], [out]))
+            .collect();
+        let weight = self.weights.get_stacked(
+            &parts
+                .iter()
+                .zip(&weight_names)
+                .zip(&shapes)
+                .map(|(((_, _, scale), name), (w, _))| (name.as_str(), &w[..], *scale))
+                .collect::<Vec<_>>(),
+        )?;
+        let bias = if bias {
+            Some(
+                self.weights.get_stacked(
+                    &parts
+                        .iter()
+                        .zip(&bias_names)
+                        .zip(&shapes)
+                        .map(|(((_, _, scale), name), (_, b))| (name.as_str(), &b[..], *scale))
+                        .collect::<Vec<_>>(),
+                )?,
+            )
+        } else {
+            None
+        };
+        Ok(Linear::new(weight, bias))
+    }
+
     fn attention(&self, i: usize, rope: Arc<Rope>) -> Result<Attention> {
         let s = self.spec;
         let HeadShape {
@@ -201,11 +246,15 @@ impl Loader<'_> {
         let proj = |p: &str| self.name(i, &format!("self_attn.{p}_proj"));
         // The softmax scale rides on the q norm when there is one, else on q itself.
         let q_scale = if s.qk_norm { 1.0 } else { s.attn_scale };
-        let qkv = [
-            self.linear(&proj("q"), (h * d, hidden), s.qkv_bias, q_scale)?,
-            self.linear(&proj("k"), (kv * d, hidden), s.qkv_bias, 1.0)?,
-            self.linear(&proj("v"), (kv * d, hidden), s.qkv_bias, 1.0)?,
-        ];
+        let qkv = self.stacked_linear(
+            &[
+                (proj("q"), h * d, q_scale),
+                (proj("k"), kv * d, 1.0),
+                (proj("v"), kv * d, 1.0),
+            ],
+            hidden,
+            s.qkv_bias,
+        )?;
         let qk_norm = if s.qk_norm {
             let q = self.norm(&self.name(i, "self_attn.q_norm.weight"), d, s.attn_scale)?;
             let k = self.norm(&self.name(i, "self_attn.k_norm.weight"), d, 1.0)?;
@@ -226,19 +275,15 @@ impl Loader<'_> {
     fn block(&self, i: usize, rope: Arc<Rope>) -> Result<Block> {
         let s = self.spec;
         let norm = |n: &str| self.norm(&self.name(i, &format!("{n}.weight")), s.hidden_size, 1.0);
-        let mlp = |p: &str, shape| {
-            self.linear(
-                &self.name(i, &format!("mlp.{p}_proj")),
-                shape,
-                s.mlp_bias,
-                1.0,
-            )
-        };
+        let mlp = |p: &str| self.name(i, &format!("mlp.{p}_proj"));
         let (hid, inter) = (s.hidden_size, s.intermediate_size);
         let mlp = GatedMlp::new(
-            mlp("gate", (inter, hid))?,
-            mlp("up", (inter, hid))?,
-            mlp("down", (hid, inter))?,
+            self.stacked_linear(
+                &[(mlp("gate"), inter, 1.0), (mlp("up"), inter, 1.0)],
+                hid,
+                s.mlp_bias,
+            )?,
+            self.linear(&mlp("down"), (hid, inter), s.mlp_bias, 1.0)?,
             s.activation,
         )?;
         let attn = self.attention(i, rope)?;

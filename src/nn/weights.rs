@@ -2,7 +2,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use candle_core::safetensors::{Load, MmapedSafetensors};
+use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
@@ -143,9 +143,54 @@ impl Weights {
         Ok(map(tensor)?.to_dtype(self.dtype)?)
     }
 
-    /// Tensor `name` on the device: widened straight to f32 on the CPU when `want` is f32,
-    /// else in its stored dtype.
-    fn load(&self, name: &str, shape: &[usize], want: DType) -> Result<Tensor> {
+    /// Tensors `parts` (`(name, shape, scale)`, all with the same trailing dimensions) stacked
+    /// along dim 0, each multiplied by its scale, in the compute dtype: how fused projections
+    /// (q/k/v, gate/up) are loaded. For f32 on the CPU every part is converted straight from
+    /// the mapping into one buffer (one pass, no per-part tensor, no concatenation copy);
+    /// otherwise the parts are loaded and concatenated.
+    pub fn get_stacked(&self, parts: &[(&str, &[usize], f64)]) -> Result<Tensor> {
+        let Some(&(_, first, _)) = parts.first() else {
+            return Err(Error::invalid("no tensors to stack"));
+        };
+        if !(self.device.is_cpu() && self.dtype == DType::F32) {
+            let loaded = parts
+                .iter()
+                .map(|&(name, shape, scale)| {
+                    if scale == 1.0 {
+                        self.get(name, shape)
+                    } else {
+                        self.get_mapped(name, shape, |t| t * scale)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&loaded, 0)?);
+        }
+        let rows: usize = parts.iter().map(|(_, shape, _)| shape[0]).sum();
+        let mut shape = first.to_vec();
+        shape[0] = rows;
+        let mut values: Vec<f32> = Vec::with_capacity(shape.iter().product());
+        for &(name, part_shape, scale) in parts {
+            if part_shape[1..] != first[1..] {
+                return Err(Error::invalid(format!(
+                    "tensor `{name}`: shape {part_shape:?} cannot be stacked with {first:?}"
+                )));
+            }
+            self.with_bytes(name, part_shape, |_, data, stored| {
+                extend_f32(&mut values, data, stored, scale as f32);
+                Ok(())
+            })?;
+        }
+        Ok(Tensor::from_vec(values, shape, &Device::Cpu)?)
+    }
+
+    /// Calls `f` with the file, the mapped bytes and the stored dtype of tensor `name`, checked
+    /// to have `shape` and a supported dtype.
+    fn with_bytes<R>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        f: impl FnOnce(&Path, &[u8], DType) -> Result<R>,
+    ) -> Result<R> {
         let (path, st) = self.locate(name)?;
         let bad = |e: candle_core::Error| {
             Error::invalid(format!("{}: tensor `{name}`: {e}", path.display()))
@@ -165,24 +210,48 @@ impl Weights {
                 path.display()
             )));
         }
-        if self.device.is_cpu() && want == DType::F32 && stored != DType::F32 {
-            return widen_to_f32(view.data(), stored, shape).map_err(bad);
-        }
-        view.load(&self.device).map_err(bad)
+        f(path, view.data(), stored)
+    }
+
+    /// Tensor `name` on the device: widened straight to f32 on the CPU when `want` is f32,
+    /// else in its stored dtype.
+    fn load(&self, name: &str, shape: &[usize], want: DType) -> Result<Tensor> {
+        self.with_bytes(name, shape, |path, data, stored| {
+            let bad = |e: candle_core::Error| {
+                Error::invalid(format!("{}: tensor `{name}`: {e}", path.display()))
+            };
+            if self.device.is_cpu() && want == DType::F32 && stored != DType::F32 {
+                return widen_to_f32(data, stored, shape).map_err(bad);
+            }
+            Tensor::from_raw_buffer(data, stored, shape, &self.device).map_err(bad)
+        })
     }
 }
 
 /// Converts a half-precision buffer straight from the mapping to an f32 CPU tensor (one pass,
 /// no intermediate half tensor).
 fn widen_to_f32(data: &[u8], stored: DType, shape: &[usize]) -> candle_core::Result<Tensor> {
-    let halves = data
-        .chunks_exact(2)
-        .map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let values: Vec<f32> = match stored {
-        DType::BF16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
-        _ => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
-    };
+    let mut values = Vec::with_capacity(data.len() / stored.size_in_bytes());
+    extend_f32(&mut values, data, stored, 1.0);
     Tensor::from_vec(values, shape, &Device::Cpu)
+}
+
+/// Appends the little-endian f32, bf16 or f16 values in `data`, times `scale`, as f32.
+fn extend_f32(out: &mut Vec<f32>, data: &[u8], stored: DType, scale: f32) {
+    match stored {
+        DType::BF16 => out.extend(
+            data.chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32() * scale),
+        ),
+        DType::F16 => out.extend(
+            data.chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32() * scale),
+        ),
+        _ => out.extend(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * scale),
+        ),
+    }
 }
 
 /// The distinct shard files named by an index file, resolved next to it.
