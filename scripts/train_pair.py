@@ -37,12 +37,15 @@ does not change), to match the frozen target's next-token distributions, since s
 decoding accepts a draft token only where the draft agrees with the target:
 
     python3 scripts/train_pair.py --distill-draft --distill-init draft --distill-steps 9400 --distill-lr 0.002
+    python3 scripts/train_pair.py --distill-draft --distill-init draft --distill-steps 14600 --distill-lr 0.002
 
-(the committed draft; 150 s on one H200). Settings were chosen by held-out agreement in ~170 s runs
-(four at once on one H200, so ~3800-4000 steps each): initialised from the previous draft with peak
-lr 2e-3: 0.620; the same with lr 1e-3: 0.613; lr 1e-3 with 0.1 cross-entropy mixed in: 0.609; from
-scratch, lr 2e-3: 0.596 (before: 0.561). Alone on the GPU the chosen setting ran 9400 steps in the
-same budget and reached 0.635, still rising slowly at the end.
+(the committed draft: run 1, 150 s on one H200, from the from-scratch draft; run 2, continuing from
+run 1's draft, 395 s on one H200 shared with a second run). Settings of run 1 were chosen by held-out
+agreement in ~170 s runs (four at once on one H200, so ~3800-4000 steps each): initialised from the
+previous draft with peak lr 2e-3: 0.620; the same with lr 1e-3: 0.613; lr 1e-3 with 0.1 cross-entropy
+mixed in: 0.609; from scratch, lr 2e-3: 0.596 (before: 0.561). Run 1 reached 0.635, still rising
+slowly at the end; run 2 reached 0.649 (a continuation with peak lr 1e-3 for 14200 steps: 0.649 too,
+but worse held-out KL and loss). models/TRAINING.md has the details.
 
   * reads models/target (frozen, f32 weights, bf16 autocast on CUDA), the current models/draft
     (the "before" model and, with --distill-init draft, the initialisation; --distill-init scratch
