@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{LoadOptions, Model};
@@ -126,4 +126,11 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+// The benches run on rayon's pool, as `exp` does (see `specdec::nn::on_cpu_pool`): forwards
+// called from outside it would pay a thread handoff each.
+fn main() {
+    specdec::nn::on_cpu_pool(benches);
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{LoadOptions, Model};
 
@@ -89,4 +89,11 @@ criterion_group! {
     config = Criterion::default().sample_size(20).measurement_time(Duration::from_secs(5));
     targets = bench
 }
-criterion_main!(benches);
+// The benches run on rayon's pool, as `exp` does (see `specdec::nn::on_cpu_pool`): forwards
+// called from outside it would pay a thread handoff each.
+fn main() {
+    specdec::nn::on_cpu_pool(benches);
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}
