@@ -101,27 +101,42 @@ fn check_toy_records(records: &[ResultRecord]) {
     // for every drafter, γ and cache strategy.
     let ar: Vec<&ResultRecord> = records
         .iter()
-        .filter(|r| r.method == Method::Autoregressive && r.temperature == 0.0)
+        .filter(|r| r.settings.method == Method::Autoregressive && r.settings.temperature == 0.0)
         .collect();
-    for r in records.iter().filter(|r| r.temperature == 0.0) {
+    for r in records.iter().filter(|r| r.settings.temperature == 0.0) {
         let base = ar.iter().find(|a| a.prompt_id == r.prompt_id).unwrap();
-        assert_eq!(r.output_ids, base.output_ids, "{} {}", r.label, r.prompt_id);
+        assert_eq!(
+            r.generation.output_ids, base.generation.output_ids,
+            "{} {}",
+            r.label, r.prompt_id
+        );
     }
     for r in records {
-        assert_eq!(r.new_tokens, r.output_ids.len());
+        assert_eq!(r.new_tokens, r.generation.output_ids.len());
         assert_eq!(
             r.new_tokens, 40,
             "no EOS in the toy: max_new_tokens ends it"
         );
-        assert_eq!(r.output_text, format!("{:?}", r.output_ids));
-        assert_eq!(r.accepted.len(), r.proposed.len());
-        assert!(r.accepted.iter().zip(&r.proposed).all(|(a, p)| a <= p));
-        assert!(r.wall_s >= r.prefill_s + r.draft_s + r.verify_s - 1e-6);
-        if r.method == Method::Autoregressive {
-            assert_eq!(r.target_forwards, r.new_tokens);
-            assert!(r.proposed.is_empty());
+        assert_eq!(r.output_text, format!("{:?}", r.generation.output_ids));
+        assert_eq!(r.generation.accepted.len(), r.generation.proposed.len());
+        assert!(r
+            .generation
+            .accepted
+            .iter()
+            .zip(&r.generation.proposed)
+            .all(|(a, p)| a <= p));
+        assert!(
+            r.generation.wall_s
+                >= r.generation.prefill_s + r.generation.draft_s + r.generation.verify_s - 1e-6
+        );
+        if r.settings.method == Method::Autoregressive {
+            assert_eq!(r.generation.target_forwards, r.new_tokens);
+            assert!(r.generation.proposed.is_empty());
         } else {
-            assert_eq!(r.target_forwards, 1 + r.proposed.len());
+            assert_eq!(
+                r.generation.target_forwards,
+                1 + r.generation.proposed.len()
+            );
         }
     }
 }
@@ -190,8 +205,11 @@ fn same_config_and_seed_give_the_same_tokens() {
     let (a, b) = (by_key(&first), by_key(&second));
     assert_eq!(a.len(), b.len());
     for (key, r) in &a {
-        assert_eq!(r.output_ids, b[key].output_ids, "{key:?}");
-        assert_eq!(r.accepted, b[key].accepted, "{key:?}");
+        assert_eq!(
+            r.generation.output_ids, b[key].generation.output_ids,
+            "{key:?}"
+        );
+        assert_eq!(r.generation.accepted, b[key].generation.accepted, "{key:?}");
         assert_eq!(r.seed, b[key].seed);
     }
     // Different prompts and points draw from different seeds.
@@ -215,8 +233,8 @@ fn cache_strategies_give_identical_sampled_outputs() {
         let twin = r.label.replace(" slack", " staged");
         let s = staged[&(twin, r.prompt_id.clone())];
         assert_eq!(
-            (r.seed, &r.output_ids, &r.accepted),
-            (s.seed, &s.output_ids, &s.accepted),
+            (r.seed, &r.generation.output_ids, &r.generation.accepted),
+            (s.seed, &s.generation.output_ids, &s.generation.accepted),
             "{}",
             r.label
         );
@@ -225,16 +243,19 @@ fn cache_strategies_give_identical_sampled_outputs() {
     assert_eq!(compared, records.len() / 2);
 
     // The report's check agrees, and catches a tampered output.
-    let greedy = records.iter().filter(|r| r.temperature == 0.0).count();
+    let greedy = records
+        .iter()
+        .filter(|r| r.settings.temperature == 0.0)
+        .count();
     let check = StrategyCheck::new(&points, &records);
     assert_eq!((check.compared, check.mismatches.len()), (greedy / 2, 0));
     assert!(check.markdown().contains("**identical**"));
     let mut tampered = records.clone();
     let victim = tampered
         .iter_mut()
-        .find(|r| r.temperature == 0.0 && r.label.ends_with(" slack"))
+        .find(|r| r.settings.temperature == 0.0 && r.label.ends_with(" slack"))
         .unwrap();
-    victim.output_ids[0] ^= 1;
+    victim.generation.output_ids[0] ^= 1;
     let check = StrategyCheck::new(&points, &tampered);
     assert_eq!(check.mismatches.len(), 1);
     assert!(check.markdown().contains("differ"));
@@ -462,17 +483,17 @@ fn check_results_jsonl(path: &Path) -> Vec<ResultRecord> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    for r in records.iter().filter(|r| r.temperature == 0.0) {
+    for r in records.iter().filter(|r| r.settings.temperature == 0.0) {
         let base = records
             .iter()
             .find(|a| {
-                a.method == Method::Autoregressive
-                    && a.temperature == 0.0
+                a.settings.method == Method::Autoregressive
+                    && a.settings.temperature == 0.0
                     && a.prompt_id == r.prompt_id
             })
             .unwrap();
         assert_eq!(
-            r.output_ids, base.output_ids,
+            r.generation.output_ids, base.generation.output_ids,
             "{} on {}",
             r.label, r.prompt_id
         );

@@ -129,18 +129,19 @@ fn sum_point<'a>(
     };
     let (mut acc_at, mut prop_at) = (Vec::<usize>::new(), Vec::<usize>::new());
     for r in records {
+        let g = &r.generation;
         s.prompts += 1;
         s.new_tokens += r.new_tokens;
-        s.target_forwards += r.target_forwards;
-        s.draft_forwards += r.draft_forwards;
-        s.proposed += r.proposed.iter().sum::<usize>();
-        s.accepted += r.accepted.iter().sum::<usize>();
-        s.steps += r.proposed.len();
-        s.wall_s += r.wall_s;
-        s.draft_s += r.draft_s;
-        s.verify_s += r.verify_s;
-        add_into(&mut acc_at, &r.accepted_at);
-        add_into(&mut prop_at, &r.proposed_at);
+        s.target_forwards += g.target_forwards;
+        s.draft_forwards += g.draft_forwards;
+        s.proposed += g.proposed.iter().sum::<usize>();
+        s.accepted += g.accepted.iter().sum::<usize>();
+        s.steps += g.proposed.len();
+        s.wall_s += g.wall_s;
+        s.draft_s += g.draft_s;
+        s.verify_s += g.verify_s;
+        add_into(&mut acc_at, &g.accepted_at);
+        add_into(&mut prop_at, &g.proposed_at);
     }
     s.alpha = ratio(s.accepted as f64, s.proposed as f64);
     s.tau = ratio(
@@ -333,13 +334,13 @@ impl StrategyCheck {
     pub fn new(points: &[SweepPoint], records: &[ResultRecord]) -> Self {
         let mut throughput: Vec<(String, usize, f64)> = Vec::new();
         for r in records {
-            let name = r.cache.to_string();
+            let name = r.settings.cache.to_string();
             match throughput.iter_mut().find(|(n, _, _)| *n == name) {
                 Some(entry) => {
                     entry.1 += r.new_tokens;
-                    entry.2 += r.wall_s;
+                    entry.2 += r.generation.wall_s;
                 }
-                None => throughput.push((name, r.new_tokens, r.wall_s)),
+                None => throughput.push((name, r.new_tokens, r.generation.wall_s)),
             }
         }
         let same_but_cache = |a: &SweepPoint, b: &SweepPoint| {
@@ -349,7 +350,7 @@ impl StrategyCheck {
             } == *b
         };
         let (mut compared, mut mismatches) = (0, Vec::new());
-        for r in records.iter().filter(|r| r.temperature == 0.0) {
+        for r in records.iter().filter(|r| r.settings.temperature == 0.0) {
             // Compare each record with the first point (lowest index) of its group.
             let Some(base) = points
                 .iter()
@@ -365,7 +366,7 @@ impl StrategyCheck {
                 .find(|o| o.point == base && o.prompt_id == r.prompt_id);
             if let Some(other) = other {
                 compared += 1;
-                if other.output_ids != r.output_ids {
+                if other.generation.output_ids != r.generation.output_ids {
                     mismatches.push((r.label.clone(), r.prompt_id.clone()));
                 }
             }

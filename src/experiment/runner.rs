@@ -6,12 +6,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::config::{CacheChoice, ExperimentConfig, GammaChoice, Method};
+use super::config::{CacheChoice, ExperimentConfig, Method};
 use super::sweep::{rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::spec::{
     autoregressive, speculative, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
-    NgramDrafter, SamplingParams, StopReason,
+    NgramDrafter, SamplingParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -57,26 +57,17 @@ pub struct Session<'a, M> {
 }
 
 /// One line of `results.jsonl`: a sweep point, a prompt, and what its generation measured.
+/// The point's settings and the generation's record are flattened into the line, so each
+/// field is a top-level JSON key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRecord {
     /// Index of the sweep point (summary row).
     pub point: usize,
     /// The point's label.
     pub label: String,
-    /// Decoding method.
-    pub method: Method,
-    /// Drafter name (speculative only).
-    pub drafter: Option<String>,
-    /// Draft length (speculative only): a number or "adaptive".
-    pub gamma: Option<GammaChoice>,
-    /// Temperature.
-    pub temperature: f64,
-    /// Top-k filter.
-    pub top_k: usize,
-    /// Nucleus filter.
-    pub top_p: f64,
-    /// Rotating-cache strategy.
-    pub cache: CacheChoice,
+    /// The point's settings (method, drafter, γ, sampling, cache).
+    #[serde(flatten)]
+    pub settings: SweepPoint,
     /// The dataset's prompt id.
     pub prompt_id: String,
     /// The dataset's category.
@@ -85,36 +76,15 @@ pub struct ResultRecord {
     pub seed: u64,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
-    /// Generated tokens (EOS included when it stopped the generation).
-    pub output_ids: Vec<u32>,
+    /// Tokens, acceptance and timings of the generation.
+    #[serde(flatten)]
+    pub generation: GenerationRecord,
     /// `output_ids` decoded (special tokens kept).
     pub output_text: String,
     /// `output_ids.len()`.
     pub new_tokens: usize,
-    /// Drafts accepted per verification step.
-    pub accepted: Vec<usize>,
-    /// Drafts proposed per verification step.
-    pub proposed: Vec<usize>,
-    /// `[i]`: steps in which draft position `i` was accepted.
-    pub accepted_at: Vec<usize>,
-    /// `[i]`: steps in which draft position `i` was proposed.
-    pub proposed_at: Vec<usize>,
-    /// Target forwards, prefill included.
-    pub target_forwards: usize,
-    /// Draft-model forwards.
-    pub draft_forwards: usize,
-    /// Whole generation, seconds.
-    pub wall_s: f64,
-    /// Target prefill, seconds.
-    pub prefill_s: f64,
-    /// Drafting, seconds.
-    pub draft_s: f64,
-    /// Target forwards after prefill (verification), seconds.
-    pub verify_s: f64,
     /// `new_tokens / wall_s`.
     pub tokens_per_s: f64,
-    /// Why the generation stopped.
-    pub stop_reason: Option<StopReason>,
 }
 
 impl ResultRecord {
@@ -122,32 +92,15 @@ impl ResultRecord {
         Self {
             point: point_index,
             label: point.label(),
-            method: point.method,
-            drafter: point.drafter.clone(),
-            gamma: point.gamma,
-            temperature: point.temperature,
-            top_k: point.top_k,
-            top_p: point.top_p,
-            cache: point.cache,
+            settings: point.clone(),
             prompt_id: prompt.id.clone(),
             category: prompt.category.clone(),
             seed,
             prompt_tokens: prompt.tokens.len(),
-            output_ids: Vec::new(),
+            generation: GenerationRecord::default(),
             output_text: String::new(),
             new_tokens: 0,
-            accepted: Vec::new(),
-            proposed: Vec::new(),
-            accepted_at: Vec::new(),
-            proposed_at: Vec::new(),
-            target_forwards: 0,
-            draft_forwards: 0,
-            wall_s: 0.0,
-            prefill_s: 0.0,
-            draft_s: 0.0,
-            verify_s: 0.0,
             tokens_per_s: 0.0,
-            stop_reason: None,
         }
     }
 
@@ -155,18 +108,7 @@ impl ResultRecord {
         self.new_tokens = g.new_tokens();
         self.tokens_per_s = g.tokens_per_s();
         self.output_text = text;
-        self.accepted = g.accepted;
-        self.proposed = g.proposed;
-        self.accepted_at = g.accepted_at;
-        self.proposed_at = g.proposed_at;
-        self.target_forwards = g.target_forwards;
-        self.draft_forwards = g.draft_forwards;
-        self.wall_s = g.wall_s;
-        self.prefill_s = g.prefill_s;
-        self.draft_s = g.draft_s;
-        self.verify_s = g.verify_s;
-        self.stop_reason = g.stop_reason;
-        self.output_ids = g.output_ids;
+        self.generation = g;
     }
 }
 
