@@ -156,11 +156,7 @@ impl Loader<'_> {
 
     /// Tensor `name` of shape `shape`, times `scale` (applied before the dtype cast).
     fn tensor(&self, name: &str, shape: &[usize], scale: f64) -> Result<Tensor> {
-        if scale == 1.0 {
-            self.weights.get(name, shape)
-        } else {
-            self.weights.get_mapped(name, shape, |t| t * scale)
-        }
+        self.weights.get_scaled(name, shape, scale)
     }
 
     fn norm(&self, name: &str, width: usize, scale: f64) -> Result<RmsNorm> {

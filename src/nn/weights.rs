@@ -143,6 +143,15 @@ impl Weights {
         Ok(map(tensor)?.to_dtype(self.dtype)?)
     }
 
+    /// [`Weights::get`] times `scale` (applied in f32 when it is not 1).
+    pub fn get_scaled(&self, name: &str, shape: &[usize], scale: f64) -> Result<Tensor> {
+        if scale == 1.0 {
+            self.get(name, shape)
+        } else {
+            self.get_mapped(name, shape, |t| t * scale)
+        }
+    }
+
     /// Tensors `parts` (`(name, shape, scale)`, all with the same trailing dimensions) stacked
     /// along dim 0, each multiplied by its scale, in the compute dtype: how fused projections
     /// (q/k/v, gate/up) are loaded. For f32 on the CPU every part is converted straight from
@@ -155,13 +164,7 @@ impl Weights {
         if !(self.device.is_cpu() && self.dtype == DType::F32) {
             let loaded = parts
                 .iter()
-                .map(|&(name, shape, scale)| {
-                    if scale == 1.0 {
-                        self.get(name, shape)
-                    } else {
-                        self.get_mapped(name, shape, |t| t * scale)
-                    }
-                })
+                .map(|&(name, shape, scale)| self.get_scaled(name, shape, scale))
                 .collect::<Result<Vec<_>>>()?;
             return Ok(Tensor::cat(&loaded, 0)?);
         }
