@@ -15,7 +15,7 @@ use criterion::{criterion_group, Criterion};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{LoadOptions, Model};
-use specdec::spec::{
+use specdec::speculative::{
     speculative, GammaPolicy, GenParams, LanguageModel, ModelDrafter, SamplingParams,
 };
 

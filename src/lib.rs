@@ -10,4 +10,4 @@ pub mod models;
 pub mod nn;
 
 pub use error::{Error, Result};
-pub mod spec;
+pub mod speculative;

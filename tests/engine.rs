@@ -9,7 +9,7 @@ use std::sync::Arc;
 use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::spec::{
+use specdec::speculative::{
     autoregressive, speculative, Drafter, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
     ModelDrafter, NgramDrafter, SamplingParams, StopReason,
 };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::spec::{
+use specdec::speculative::{
     speculative, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
     SamplingParams,
 };

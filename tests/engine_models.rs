@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
-use specdec::spec::{
+use specdec::speculative::{
     autoregressive, speculative, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter,
     NgramDrafter, SamplingParams,
 };

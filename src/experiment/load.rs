@@ -9,7 +9,7 @@ use super::config::{DeviceChoice, DtypeChoice};
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
 use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
-use crate::spec::LanguageModel;
+use crate::speculative::LanguageModel;
 
 /// The device `choice` names; an explicit GPU that is not available is an error, `auto`
 /// takes the first of CUDA, Metal and the CPU that works.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::config::{CacheChoice, ExperimentConfig, Method};
 use super::sweep::{rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
-use crate::spec::{
+use crate::speculative::{
     autoregressive, speculative, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
     NgramDrafter, SamplingParams,
 };
@@ -132,7 +132,7 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         let params = GenParams {
             max_new_tokens: config.max_new_tokens.min(4),
             sampling: SamplingParams::greedy(),
-            gamma: crate::spec::GammaPolicy::Fixed(1),
+            gamma: crate::speculative::GammaPolicy::Fixed(1),
             stop_at_eos: false,
         };
         let strategy = rotating_strategy(CacheChoice::Staged, 1);

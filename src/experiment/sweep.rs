@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{AdaptiveGamma, CacheChoice, ExperimentConfig, GammaChoice, Method};
 use crate::cache::RotatingStrategy;
-use crate::spec::{GammaPolicy, SamplingParams};
+use crate::speculative::{GammaPolicy, SamplingParams};
 
 /// One combination of settings; every prompt is generated once per point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

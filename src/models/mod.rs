@@ -198,7 +198,7 @@ impl Model {
     }
 }
 
-impl crate::spec::LanguageModel for Model {
+impl crate::speculative::LanguageModel for Model {
     fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
         Model::forward(self, tokens, cache)
     }

@@ -7,7 +7,7 @@ pub mod probe;
 use candle_core::{Device, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use specdec::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
-use specdec::spec::LanguageModel;
+use specdec::speculative::LanguageModel;
 
 /// One attention layer (q = k = v = embedding) plus an output projection.
 /// `logits = scale · (x + attn(x)) W + bias · onehot((token + 1) mod V)`.
