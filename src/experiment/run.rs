@@ -20,6 +20,7 @@ use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObse
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
+use crate::speculative::ReferenceStore;
 
 /// How to run an experiment.
 #[derive(Debug, Clone, Default)]
@@ -158,7 +159,7 @@ fn load_drafts(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
-        if let (DrafterKind::Model, Some(path)) = (d.kind, &d.path) {
+        if let (DrafterKind::Model | DrafterKind::Oracle, Some(path)) = (d.kind, &d.path) {
             let draft = LoadedModel::load(path, load)?;
             check_vocabulary(name, (target, tokenizer), &draft)?;
             drafts.insert(name.to_string(), draft);
@@ -172,6 +173,8 @@ fn draft_sources(
     mut models: BTreeMap<String, LoadedModel>,
 ) -> BTreeMap<String, DraftSource<LoadedModel>> {
     let mut sources = BTreeMap::new();
+    // One store of greedy references for every oracle of the run.
+    let references = ReferenceStore::default();
     for name in config.used_drafters() {
         let Some(d) = config.drafters.get(name) else {
             continue;
@@ -180,6 +183,11 @@ fn draft_sources(
             (DrafterKind::Model, Some(model)) => DraftSource::Model {
                 model: Arc::new(model),
                 confidence: d.confidence,
+            },
+            (DrafterKind::Oracle, cost) => DraftSource::Oracle {
+                alpha: d.alpha.unwrap_or(1.0),
+                cost: cost.map(Arc::new),
+                references: references.clone(),
             },
             _ => {
                 let (min_ngram, max_ngram) = d.ngram_sizes();

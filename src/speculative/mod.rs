@@ -13,6 +13,7 @@ mod decode;
 mod drafter;
 mod metrics;
 mod ngram;
+mod oracle;
 mod sampling;
 mod verify;
 
@@ -22,6 +23,7 @@ pub use decode::{autoregressive, speculative, GammaPolicy, GenParams};
 pub use drafter::{Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
+pub use oracle::{OracleDrafter, ReferenceStore};
 pub use sampling::{argmax, sample, SamplingParams};
 pub use verify::{verify, Verdict};
 
