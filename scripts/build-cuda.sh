@@ -24,22 +24,42 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 cuda_dir=${SPECDEC_CUDA_DIR:-$root/.cuda}
 wheels=$cuda_dir/wheels
-cu13=$wheels/nvidia/cu13
 linkdir=$cuda_dir/link
 dist=$cuda_dir/dist
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 mode=${1:-build}
 
-# 1. Toolkit wheels.
-if [ ! -x "$cu13/bin/nvcc" ]; then
-  echo "== CUDA 13.0 wheels -> $wheels"
-  python3 -m pip install -q --no-deps --target "$wheels" \
-    nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
-    nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-nvrtc==13.0.88 \
-    nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35
+# 1. Toolkit wheels. A `--check` needs only the compiler and headers (candle's kernels are
+#    compiled by its build script; nothing is linked); a build also needs the libraries. Each
+#    goes to its own folder in one pip call (pip --target does not merge into an existing
+#    namespace folder).
+install() {  # install <dir> <wheel>...
+  local dir=$1; shift
+  [ -f "$dir/.complete" ] && return 0
+  echo "== CUDA 13.0 wheels -> $dir"
+  rm -rf "$dir"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$dir" "$@"
+  touch "$dir/.complete"
+}
+compiler=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88
+  nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85)
+if [ "$mode" = "--check" ]; then
+  wheels=$cuda_dir/wheels-compiler
+  install "$wheels" "${compiler[@]}"
+else
+  install "$wheels" "${compiler[@]}" nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14 \
+    nvidia-curand==10.4.0.35
 fi
+cu13=$wheels/nvidia/cu13
 [ -x "$cu13/bin/nvcc" ] || { echo "error: $cu13/bin/nvcc missing after the wheel install" >&2; exit 1; }
+export PATH=$cu13/bin:$PATH CUDA_HOME=$cu13 CUDA_ROOT=$cu13 CUDA_PATH=$cu13
+
+if [ "$mode" = "--check" ]; then
+  echo "== cargo check --features cuda --all-targets (into $CARGO_TARGET_DIR)"
+  cargo check --features cuda --all-targets
+  exit 0
+fi
 
 # 2. libcuda stub from cudarc's declarations (the version in Cargo.lock).
 mkdir -p "$linkdir"
@@ -63,14 +83,7 @@ for lib in cublas cublasLt curand cudart nvrtc; do
   fi
 done
 
-export PATH=$cu13/bin:$PATH CUDA_HOME=$cu13 CUDA_ROOT=$cu13 CUDA_PATH=$cu13
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir -C link-arg=-Wl,-rpath-link,$cu13/lib"
-
-if [ "$mode" = "--check" ]; then
-  echo "== cargo check --features cuda --all-targets"
-  cargo check --features cuda --all-targets
-  exit 0
-fi
 
 # 4. Build.
 echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO_TARGET_DIR"
@@ -96,6 +109,11 @@ for line in sys.stdin:
   strip -o "$dist/$folder/$name" "$exe"
   xz -T0 -6 -f "$dist/$folder/$name"
 done
+# Test binaries read fixtures under the manifest folder baked in at compile time, and find
+# `exp` at <target>/release/exp: the unpack script recreates both on the GPU machine.
+echo "$root" > "$dist/manifest-dir"
+git rev-parse --short HEAD > "$dist/commit" 2>/dev/null || true
+echo "$CARGO_TARGET_DIR" > "$dist/target-dir"
 du -sh "$dist"
 ls -la "$dist"/*
 echo "== done: $dist (unpack on the GPU machine with scripts/gpu-unpack.sh)"
