@@ -26,6 +26,14 @@ Cases (directory names); all: vocab 256, hidden 64, intermediate 96 (gemma: 64),
                    attn_logit_softcapping stays null: Gemma3Attention in transformers 5.17 stores the
                    value but never passes it to the attention function, so it has no effect there.
   gemma3_nosoftcap same as gemma3 (other random weights) without any softcapping (both null).
+  gemma3_linear    same shape as gemma3, linear rope scaling (factor 8) on the full-attention layer,
+                   max_position_embeddings 4096; reference.json also has long_input_ids (2064 ids),
+                   long_logits_from (2040) and long_logits (positions 2040..2063 of one forward), so
+                   decoding crosses position 2048 (where the Rust RoPE table grows).
+  qwen2_sliding    Qwen2ForCausalLM, 3 layers, use_sliding_window, sliding_window 8, max_window_layers 1:
+                   layer 0 full attention, layers 1-2 sliding.
+  (gemma3_linear and qwen2_sliding were added later with the same script and versions:
+       python3 scripts/hf_reference.py --out tests/fixtures/hf --only gemma3_linear qwen2_sliding)
 
 Files per case:
   config.json, generation_config.json, *.safetensors[, model.safetensors.index.json]
@@ -246,6 +254,45 @@ def case_specs():
             norm="gemma",
             notes="Same shape as gemma3 (different random weights) with final_logit_softcapping null.",
         ),
+        # Cases below were added later; appended so that the seeds (seed + index) of the ones
+        # above, and hence their committed fixtures, stay the same.
+        "gemma3_linear": dict(
+            cls=Gemma3ForCausalLM,
+            cfg=Gemma3TextConfig(
+                **dict(
+                    gemma_common,
+                    max_position_embeddings=4096,
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                    },
+                ),
+                final_logit_softcapping=30.0,
+                attn_logit_softcapping=None,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="gemma",
+            long=True,
+            notes="Same shape as gemma3 with linear rope scaling (factor 8) on the full-attention layer, "
+            "as Gemma 3 4B+ checkpoints; reference.json also holds logits past position 2048 (long_*).",
+        ),
+        "qwen2_sliding": dict(
+            cls=Qwen2ForCausalLM,
+            cfg=Qwen2Config(
+                **dict(COMMON, num_hidden_layers=3),
+                use_sliding_window=True,
+                sliding_window=8,
+                max_window_layers=1,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="mul",
+            notes="Qwen2 with use_sliding_window, sliding_window 8, max_window_layers 1: layer 0 full "
+            "attention, layers 1-2 sliding (layer_types in 5.x; derived from max_window_layers in 4.x).",
+        ),
     }
 
 
@@ -358,7 +405,12 @@ def to_v4_config(cfg5: dict) -> dict:
             c["rope_scaling"] = None
         else:
             c["rope_scaling"] = rp
-        if layer_types is not None:
+        if layer_types is not None and c.get("use_sliding_window"):
+            # 4.x derives the sliding layers from max_window_layers.
+            first = c["max_window_layers"]
+            derived = ["sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])]
+            assert derived == layer_types, (derived, layer_types)
+        elif layer_types is not None:
             assert all(t == "full_attention" for t in layer_types), layer_types
         if c.get("use_sliding_window") is False and c.get("sliding_window") is None:
             # 4.x Qwen configs carried a window size even with use_sliding_window=false
@@ -393,6 +445,31 @@ def check_v4_roundtrip(case_dir, v4, ref_logits, input_ids):
         assert torch.equal(lg, ref_logits), f"v4 config gives different logits: {float((lg - ref_logits).abs().max())}"
     finally:
         shutil.rmtree(tmp)
+
+
+LONG_LEN = 2064  # past 2048, the first RoPE table size of the Rust implementation
+LONG_FROM = 2040  # logits are kept for positions [LONG_FROM, LONG_LEN) only (fixture size)
+
+
+@torch.no_grad()
+def long_reference(ref, gen):
+    """Logits of the last LONG_LEN - LONG_FROM positions of one forward over LONG_LEN tokens,
+    cross-checked against a cached prefill of LONG_FROM tokens followed by one-token steps."""
+    ids = torch.randint(0, VOCAB, (LONG_LEN,), generator=gen).tolist()
+    full = ref(torch.tensor([ids]), use_cache=False).logits[0, LONG_FROM:].float()
+    out = ref(torch.tensor([ids[:LONG_FROM]]), use_cache=True)
+    pkv, steps = out.past_key_values, []
+    for t in range(LONG_FROM, LONG_LEN):
+        o = ref(torch.tensor([[ids[t]]]), past_key_values=pkv, use_cache=True)
+        pkv = o.past_key_values
+        steps.append(o.logits[0])
+    err = float((torch.cat(steps, 0) - full).abs().max())
+    assert err < 1e-4, f"long incremental decode differs from full forward by {err}"
+    return {
+        "long_input_ids": ids,
+        "long_logits_from": LONG_FROM,
+        "long_logits": [[round_sig(v) for v in row] for row in full.tolist()],
+    }
 
 
 def build_case(name, spec, out_root, seed):
@@ -475,6 +552,7 @@ def build_case(name, spec, out_root, seed):
         f"(all {SEQ_LEN} positions, rounded to 7 significant digits). greedy: the {NEW_TOKENS} new tokens of "
         f"model.generate(prompt, do_sample=False) with eos disabled (prompt not included)." + extra
     )
+    long = long_reference(ref, gen) if spec.get("long") else {}
     refj = {
         "case": name,
         "model_class": spec["cls"].__name__,
@@ -484,6 +562,7 @@ def build_case(name, spec, out_root, seed):
         "greedy": greedy,
         "greedy_min_margin": round_sig(margin, 4),
         "notes": notes,
+        **long,
     }
     with open(os.path.join(case_dir, "reference.json"), "w") as fh:
         json.dump(refj, fh, separators=(",", ":"))
