@@ -32,8 +32,12 @@ Cases (directory names); all: vocab 256, hidden 64, intermediate 96 (gemma: 64),
                    decoding crosses position 2048 (where the Rust RoPE table grows).
   qwen2_sliding    Qwen2ForCausalLM, 3 layers, use_sliding_window, sliding_window 8, max_window_layers 1:
                    layer 0 full attention, layers 1-2 sliding.
-  (gemma3_linear and qwen2_sliding were added later with the same script and versions:
-       python3 scripts/hf_reference.py --out tests/fixtures/hf --only gemma3_linear qwen2_sliding)
+  gemma3_attn_softcap same shape as gemma3, attn_logit_softcapping 2.0 applied in the reference by
+                   patching Gemma3Attention to pass it to eager_attention_forward as `softcap` (Gemma 2's
+                   semantics; unpatched transformers ignores it for Gemma 3, and so does our loader).
+  (gemma3_linear, qwen2_sliding and gemma3_attn_softcap were added later with the same script and
+   versions: python3 scripts/hf_reference.py --out tests/fixtures/hf \
+       --only gemma3_linear qwen2_sliding gemma3_attn_softcap)
 
 Files per case:
   config.json, generation_config.json, *.safetensors[, model.safetensors.index.json]
@@ -96,6 +100,7 @@ import tempfile
 import torch
 
 import transformers
+from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -293,6 +298,18 @@ def case_specs():
             notes="Qwen2 with use_sliding_window, sliding_window 8, max_window_layers 1: layer 0 full "
             "attention, layers 1-2 sliding (layer_types in 5.x; derived from max_window_layers in 4.x).",
         ),
+        "gemma3_attn_softcap": dict(
+            cls=Gemma3ForCausalLM,
+            cfg=Gemma3TextConfig(**gemma_common, final_logit_softcapping=30.0, attn_logit_softcapping=2.0),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="gemma",
+            attn_softcap=True,
+            notes="Same shape as gemma3 with attn_logit_softcapping 2.0 APPLIED: transformers' Gemma3Attention "
+            "ignores it, so the reference runs with its forward patched to pass softcap to Gemma's own "
+            "eager_attention_forward (tanh(scores / cap) * cap after scaling, before the mask: Gemma 2's "
+            "semantics). The Rust loader ignores the key like transformers; the test enables the softcap.",
+        ),
     }
 
 
@@ -472,7 +489,47 @@ def long_reference(ref, gen):
     }
 
 
+class attention_softcap:
+    """Within this context Gemma3Attention applies config.attn_logit_softcapping (as Gemma 2
+    does) by passing it as `softcap` to the attention function; transformers 5.x ignores it."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __enter__(self):
+        if self.enabled:
+            self.orig = Gemma3Attention.forward
+            orig = self.orig
+
+            def forward(module, *args, **kwargs):
+                kwargs["softcap"] = module.attn_logit_softcapping
+                return orig(module, *args, **kwargs)
+
+            Gemma3Attention.forward = forward
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            Gemma3Attention.forward = self.orig
+
+
 def build_case(name, spec, out_root, seed):
+    with attention_softcap(spec.get("attn_softcap", False)):
+        size = build_case_inner(name, spec, out_root, seed)
+    if spec.get("attn_softcap"):
+        # The patch must matter: the same weights without it give other logits.
+        ref = AutoModelForCausalLM.from_pretrained(os.path.join(out_root, name), dtype=torch.float32,
+                                                   attn_implementation="eager").eval()
+        with open(os.path.join(out_root, name, "reference.json")) as fh:
+            refj = json.load(fh)
+        with torch.no_grad():
+            plain = ref(torch.tensor([refj["input_ids"]]), use_cache=False).logits[0].float()
+        effect = float((plain - torch.tensor(refj["logits"])).abs().max())
+        assert effect > 0.5, f"attention softcap changes logits by only {effect}"
+        print(f"{name}: the attention softcap changes logits by up to {effect:.2f}")
+    return size
+
+
+def build_case_inner(name, spec, out_root, seed):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     cfg = spec["cfg"]
