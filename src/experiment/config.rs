@@ -129,7 +129,8 @@ pub struct DrafterConfig {
     /// `model`: the draft's Hugging Face directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
-    /// `model`: stop drafting when the draft's probability of its token falls below this.
+    /// `model`: stop drafting before a position where the draft's largest probability is below
+    /// this (decided before sampling, so lossless at any temperature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,
     /// `ngram`: shortest suffix to match (default 1).
