@@ -20,7 +20,7 @@ use specdec::speculative::{
 
 const VOCAB: usize = 3;
 const NEW: usize = 6;
-const RUNS: usize = 5000;
+const RUNS: usize = 10_000;
 const GAMMA: usize = 3;
 const PROMPT: [u32; 2] = [1, 2];
 
@@ -153,8 +153,8 @@ fn top_p() -> SamplingParams {
 /// The harness's verdict on the engine run with `drafter` and `verifier`.
 fn verdict(
     sampling: SamplingParams,
-    drafter: &mut dyn Drafter,
-    verifier: &dyn Verifier,
+    drafter: &mut (dyn Drafter + Send),
+    verifier: &(dyn Verifier + Sync),
 ) -> Judgement {
     let setup = setup(sampling);
     let obs = observe(&setup, drafter, verifier, GAMMA);

@@ -22,7 +22,7 @@ use specdec::speculative::{
 const VOCAB: usize = 3;
 /// Six new tokens: the prefill yields one, so the first step may propose up to four drafts.
 const NEW: usize = 6;
-const RUNS: usize = 5000;
+const RUNS: usize = 10_000;
 /// The target's sliding window: prompt + generation (2 + 6 tokens) slides it by four.
 const TARGET_WINDOW: usize = 4;
 /// The draft's window is smaller still, so its rotating cache wraps inside speculations.
@@ -57,7 +57,7 @@ fn draft_model(
 /// Runs the engine for every sampling setting and asserts the output matches the target's
 /// distribution; returns what each run reached so callers can assert path coverage.
 fn check_all(
-    drafter: &mut dyn Drafter,
+    drafter: &mut (dyn Drafter + Send),
     gamma: GammaPolicy,
     max_gamma: usize,
     strategy: RotatingStrategy,

@@ -120,11 +120,22 @@ pub struct Setup {
 }
 
 /// Runs `setup.runs` generations (seeds `0..runs`) through the engine with `verifier`.
-/// `max_gamma` is the γ each step may use (for counting short steps).
+/// `max_gamma` is the γ each step may use (for counting short steps). Runs on rayon's pool as
+/// `exp` does: from outside it every tiny candle op is a cross-thread handoff (many times
+/// slower for these toy models).
 pub fn observe(
     setup: &Setup,
-    drafter: &mut dyn Drafter,
-    verifier: &dyn Verifier,
+    drafter: &mut (dyn Drafter + Send),
+    verifier: &(dyn Verifier + Sync),
+    max_gamma: usize,
+) -> Observed {
+    specdec::nn::on_cpu_pool(|| observe_here(setup, drafter, verifier, max_gamma))
+}
+
+fn observe_here(
+    setup: &Setup,
+    drafter: &mut (dyn Drafter + Send),
+    verifier: &(dyn Verifier + Sync),
     max_gamma: usize,
 ) -> Observed {
     let mut cache = setup.target.new_cache(setup.strategy).unwrap();
