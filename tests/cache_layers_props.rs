@@ -5,10 +5,12 @@
 //! independent model of the rings says the window it needs is gone (never merely accepted);
 //! after a failed commit every operation is refused until a reset, which recovers the cache.
 mod common;
+mod ring_model;
 
 use candle_core::{Device, Tensor};
 use common::probe::{attend, close, kv};
 use proptest::prelude::*;
+use ring_model::Ring;
 use specdec::cache::{
     Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache,
     RotatingStrategy,
@@ -41,48 +43,7 @@ impl Layer {
             Layer::Staged { window } => (window, window),
             Layer::Slack { window, max_draft } => (window, window + max_draft + 1),
         };
-        Some(Ring {
-            window,
-            slots: vec![None; capacity],
-        })
-    }
-}
-
-/// What a rotating layer's ring physically holds, written from the definition (the token at
-/// position `p` goes to slot `p % capacity`) without the cache's bookkeeping: each slot's
-/// (position, token), `None` when nothing valid was written since the last reset or restore.
-#[derive(Debug, Clone)]
-struct Ring {
-    window: usize,
-    slots: Vec<Option<(usize, u8)>>,
-}
-
-impl Ring {
-    fn write(&mut self, first: usize, tokens: &[u8]) {
-        let cap = self.slots.len();
-        for (i, &t) in tokens.iter().enumerate() {
-            self.slots[(first + i) % cap] = Some((first + i, t));
-        }
-    }
-    fn holds(&self, pos: usize, token: u8) -> bool {
-        self.slots[pos % self.slots.len()] == Some((pos, token))
-    }
-    /// First position a query at `pos` sees.
-    fn needed(&self, pos: usize) -> usize {
-        pos.saturating_sub(self.window - 1)
-    }
-    /// The live ring can serve a query at `target` of the history `tokens`.
-    fn reachable(&self, target: usize, tokens: &[u8]) -> bool {
-        (self.needed(target)..target).all(|p| self.holds(p, tokens[p]))
-    }
-    /// First position of the longest held run ending at `to`, at most `window` long: what a
-    /// snapshot at `to` can hold.
-    fn held_from(&self, to: usize, tokens: &[u8]) -> usize {
-        let mut p = to;
-        while p > to.saturating_sub(self.window) && self.holds(p - 1, tokens[p - 1]) {
-            p -= 1;
-        }
-        p
+        Some(Ring::new(window, capacity))
     }
 }
 
@@ -265,7 +226,7 @@ fn restore(
             }
             let target = to.saturating_sub(back).max(from);
             let ok = m.rings.iter().zip(&s.held_from).all(|(r, h)| match (r, h) {
-                (Some(r), Some(h)) => (r.needed(target)..target).all(|p| p >= *h),
+                (Some(r), Some(h)) => r.serves(*h, target),
                 _ => from <= len,
             });
             let result = cache.restore(Some(&s.snap), target);
@@ -282,11 +243,7 @@ fn restore(
                 m.committed = committed;
                 for (ring, held) in m.rings.iter_mut().zip(&s.held_from) {
                     if let (Some(ring), Some(h)) = (ring, held) {
-                        let start = (*h)
-                            .max(target.saturating_sub(ring.slots.len()))
-                            .min(target);
-                        ring.slots.iter_mut().for_each(|x| *x = None);
-                        ring.write(start, &s.history[start..target]);
+                        ring.restore(*h, target, &s.history);
                     }
                 }
             }
@@ -391,7 +348,7 @@ fn run(layers: Vec<Layer>, ops: Vec<Op>, probe: Vec<u8>) {
                 m.committed.clear();
                 m.poisoned = false;
                 for ring in m.rings.iter_mut().flatten() {
-                    ring.slots.iter_mut().for_each(|x| *x = None);
+                    ring.clear();
                 }
             }
             Op::FailCommit(chunk) => fail_commit(&mut m, &mut cache, &chunk),
