@@ -397,11 +397,16 @@ impl RotatingKvCache {
         self.check_restore(snapshot, target)?;
         match snapshot {
             None => {
-                self.lo = self.held_lo();
+                // Nothing below `target` may count as intact if the ring no longer holds it
+                // (a window of 1, or a rewind to 0, needs no history at all).
+                self.lo = self.held_lo().min(target);
                 self.offset = target;
             }
             Some(snap) => {
-                let start = snap.data_start.max(target.saturating_sub(self.capacity));
+                let start = snap
+                    .data_start
+                    .max(target.saturating_sub(self.capacity))
+                    .min(target);
                 self.offset = start;
                 self.lo = start;
                 if let Some((k, v)) = &snap.data {
@@ -433,7 +438,7 @@ impl RotatingKvCache {
         let needed = self.needed_from(target);
         let reason = match snapshot {
             None if target > self.offset => format!("rewind past the offset {}", self.offset),
-            None if needed < self.held_lo() => format!(
+            None if needed < target && needed < self.held_lo() => format!(
                 "the ring has wrapped: position {needed} is no longer held (oldest is {})",
                 self.held_lo()
             ),
@@ -447,7 +452,7 @@ impl RotatingKvCache {
             Some(s) if target < s.from || target > s.to => {
                 format!("outside the snapshot's range [{}, {})", s.from, s.to)
             }
-            Some(s) if needed < s.data_start => format!(
+            Some(s) if needed < target && needed < s.data_start => format!(
                 "the snapshot holds positions from {} but the window needs {needed}",
                 s.data_start
             ),

@@ -137,7 +137,8 @@ pub struct DrafterConfig {
     /// `oracle`: probability that each proposed token is the target's own (in `[0, 1]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,
-    /// `model`: stop drafting when the draft's probability of its token falls below this.
+    /// `model`: stop drafting before a position where the draft's largest probability is below
+    /// this (decided before sampling, so lossless at any temperature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,
     /// `ngram`: shortest suffix to match (default 1).

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use super::drafter::Drafter;
 use super::metrics::{GenerationRecord, StopReason};
 use super::sampling::{sample, SamplingParams};
-use super::verify::verify;
+use super::verify::{Lossless, Verifier};
 use super::LanguageModel;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
@@ -155,6 +155,20 @@ pub fn speculative<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
+    speculative_with(target, cache, drafter, &Lossless, prompt, params, rng)
+}
+
+/// [`speculative`] with the verification step supplied by the caller (tests plug in
+/// deliberately wrong verifiers to show the distribution tests catch them).
+pub fn speculative_with<M: LanguageModel>(
+    target: &M,
+    cache: &mut ModelCache,
+    drafter: &mut dyn Drafter,
+    verifier: &dyn Verifier,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
     let start = Instant::now();
     drafter.reset()?;
     let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
@@ -177,7 +191,7 @@ pub fn speculative<M: LanguageModel>(
         let mut spec = cache.speculate()?;
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
-        let verdict = verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
+        let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
         spec.commit(verdict.accepted + 1)?;
         out.record.verify_s += t_verify.elapsed().as_secs_f64();
 

@@ -61,11 +61,18 @@ impl Draft for FixedDraft {
 }
 
 /// Drafts with a smaller model that has its own (transactional) caches.
+///
+/// With a `confidence` threshold, drafting stops before a position where the draft's largest
+/// probability is below the threshold. Lossless under sampling: whether draft `i` is proposed
+/// depends only on the drafts before it, so every proposed draft is still drawn from the full
+/// `q` row that verification divides by, and a stop just hands that position to the target
+/// (its correction or bonus token is drawn from `p`).
 pub struct ModelDrafter<M> {
     name: String,
     model: Arc<M>,
     cache: ModelCache,
-    /// Stop drafting when the draft's probability of its own token falls below this.
+    /// Stop drafting before a position whose largest draft probability is below this (the
+    /// first draft is always proposed).
     confidence: Option<f32>,
     forwards: usize,
 }
@@ -89,33 +96,46 @@ impl<M: LanguageModel> ModelDrafter<M> {
     }
 }
 
-/// Picks the draft token from the last row of `logits`; returns it with its distribution
-/// (only when sampling) and the draft's probability of it.
-fn pick(
+/// The draft's next-token distribution at one position, before a token is drawn from it.
+enum NextDist {
+    /// Greedy drafting: the argmax (its `q` is one-hot).
+    Argmax(u32),
+    /// Sampled drafting: `q`, built with the same settings as the target's `p`.
+    Probs(Vec<f32>),
+}
+
+/// The distribution at the last row of `logits` (`[n, vocab]`) and the draft's confidence
+/// there: its LARGEST probability (greedy: of the softmax at T = 1, i.e. the argmax's
+/// probability). The confidence is known before any token is drawn, which is what keeps the
+/// threshold lossless (see [`ModelDrafter`]). Computed only when `need_confidence`, else 1.
+fn next_dist(
     logits: &Tensor,
     sampling: &SamplingParams,
-    rng: &mut StdRng,
     need_confidence: bool,
-) -> Result<(u32, Option<Vec<f32>>, f32)> {
+) -> Result<(NextDist, f32)> {
     let last = logits.get(logits.dim(0)? - 1)?;
     if sampling.is_greedy() && !need_confidence {
         let token = last.argmax(0)?.to_scalar::<u32>()?;
-        return Ok((token, None, 1.0));
+        return Ok((NextDist::Argmax(token), 1.0));
     }
     let row = last.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     if sampling.is_greedy() {
         let token = argmax(&row);
-        let softmax = SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::greedy()
-        };
-        let conf = softmax.probs(&row)[token];
-        return Ok((token as u32, None, conf));
+        let max = row[token] as f64;
+        let total: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+        return Ok((NextDist::Argmax(token as u32), (1.0 / total) as f32));
     }
     let q = sampling.probs(&row);
-    let token = sample(&q, rng);
-    let conf = q[token];
-    Ok((token as u32, Some(q), conf))
+    let conf = q.iter().copied().fold(0.0, f32::max);
+    Ok((NextDist::Probs(q), conf))
+}
+
+/// Draws the draft token; returns it with the distribution it came from (sampling only).
+fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
+    match next {
+        NextDist::Argmax(token) => (token, None),
+        NextDist::Probs(q) => (sample(&q, rng) as u32, Some(q)),
+    }
 }
 
 struct ModelDraft<'a> {
@@ -171,14 +191,18 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
         let need_conf = self.confidence.is_some();
         let threshold = self.confidence.unwrap_or(0.0);
-        let (mut token, mut q, mut conf) = pick(&logits, sampling, rng, need_conf)?;
+        let (mut next, mut conf) = next_dist(&logits, sampling, need_conf)?;
         let mut spec = self.cache.speculate()?;
         loop {
+            // The stop decision sees the distribution at this position, never the token drawn
+            // from it: stopping on q(drawn token) would keep only the confident drafts while
+            // verification divides by the unfiltered q, biasing the output.
             if need_conf && conf < threshold && !tokens.is_empty() {
                 break;
             }
+            let (token, q) = draw(next, rng);
             tokens.push(token);
-            if let (Some(all), Some(q)) = (probs.as_mut(), q.take()) {
+            if let (Some(all), Some(q)) = (probs.as_mut(), q) {
                 all.push(q);
             }
             if tokens.len() == max {
@@ -186,7 +210,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
             }
             let logits = self.model.forward_last(&[token], spec.cache())?;
             self.forwards += 1;
-            (token, q, conf) = pick(&logits, sampling, rng, need_conf)?;
+            (next, conf) = next_dist(&logits, sampling, need_conf)?;
         }
         Ok(Box::new(ModelDraft {
             spec,
