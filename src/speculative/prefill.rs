@@ -85,6 +85,11 @@ impl CachedSequence {
         self.store.as_ref()
     }
 
+    /// The prefix store, if any, for eviction or inspection.
+    pub fn store_mut(&mut self) -> Option<&mut PrefixStore> {
+        self.store.as_mut()
+    }
+
     /// Forgets the held tokens and empties the cache (the store is kept).
     pub fn reset(&mut self) {
         self.tokens.clear();
