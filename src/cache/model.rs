@@ -433,6 +433,9 @@ impl Speculation<'_> {
     /// Keeps exactly the first `n` appended tokens and closes the transaction. On error the
     /// speculation is rolled back (and a cache whose write failed half-way is poisoned).
     pub fn commit(mut self, n: usize) -> Result<()> {
+        if self.cache.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
         let appended = self.appended();
         if n > appended {
             return Err(CacheError::CommitTooLong { n, appended }.into());
