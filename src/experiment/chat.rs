@@ -60,7 +60,20 @@ impl ChatTemplate {
 
     /// Renders a conversation of one user turn with the generation prompt appended.
     pub fn render(&self, user_turn: &str) -> Result<String> {
-        let messages = vec![context! { role => "user", content => user_turn }];
+        self.render_conversation(&[user_turn.to_string()])
+    }
+
+    /// Renders a conversation of alternating turns — user, assistant, user, … — with the
+    /// generation prompt appended.
+    pub fn render_conversation(&self, turns: &[String]) -> Result<String> {
+        let messages: Vec<_> = turns
+            .iter()
+            .enumerate()
+            .map(|(i, content)| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                context! { role => role, content => content }
+            })
+            .collect();
         self.environment()
             .render_str(
                 &self.source,
@@ -144,6 +157,33 @@ pub fn encode_prompt(
         )));
     }
     Ok(ids)
+}
+
+/// The tokens of a conversation — user, assistant, user, …, ending with a user turn — as the
+/// prompt of the next answer: through `template` when given, else the plain text the model
+/// continued (each answer right after its question, a blank line before each later question).
+pub fn encode_conversation(
+    tokenizer: &Tokenizer,
+    id: &str,
+    turns: &[String],
+    template: Option<&ChatTemplate>,
+) -> Result<Vec<u32>> {
+    let text = match template {
+        Some(t) => t.render_conversation(turns)?,
+        None => turns
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match i {
+                0 => t.clone(),
+                i if i % 2 == 0 => format!("\n\n{t}"),
+                _ => t.clone(),
+            })
+            .collect(),
+    };
+    let encoding = tokenizer
+        .encode(text, false)
+        .map_err(|e| Error::invalid(format!("prompt {id}: cannot encode: {e}")))?;
+    Ok(encoding.get_ids().to_vec())
 }
 
 #[cfg(test)]

@@ -115,7 +115,8 @@ fn prefill<'a, M: LanguageModel>(
     };
     let (logits, stats) = seq.prefill(target, prompt)?;
     let first = next_token(&logits, &params.sampling, rng)?;
-    out.record.target_forwards = stats.forwards;
+    // One prefill forward however many checkpoints split it (τ counts decode forwards).
+    out.record.target_forwards = stats.forwards.min(1);
     out.record.prefill_tokens_computed = stats.computed;
     out.record.prefill_tokens_reused = stats.reused;
     out.record.prefill_s = start.elapsed().as_secs_f64();
