@@ -320,3 +320,38 @@ fn a_store_over_budget_keeps_nothing() {
         assert!(seq.store().unwrap().bytes() <= 64);
     }
 }
+
+/// Eviction is least-recently-used among entries without children: after storing prompts A
+/// and B and using A again, a budget that fits only two of the three prompts' entries evicts
+/// B's, so A still restores in full and B does not.
+#[test]
+fn eviction_drops_the_least_recently_used_entry() {
+    let model = Probe { layers: vec![None] };
+    let prompt = |t: u32| -> Vec<u32> { (0..10).map(|i| (i * 3 + t) % VOCAB as u32).collect() };
+    let (a, b, c) = (prompt(0), prompt(1), prompt(2));
+    let size = |p: &[u32]| {
+        let mut cache = model.new_cache(RotatingStrategy::Staged).unwrap();
+        model.forward(p, &mut cache).unwrap();
+        cache.snapshot(0).unwrap().bytes()
+    };
+    // Room for exactly two whole-prompt entries (the three share no first token).
+    assert!(a[0] != b[0] && b[0] != c[0] && a[0] != c[0]);
+    let budget = size(&a) + size(&b);
+    let cache = model.new_cache(RotatingStrategy::Staged).unwrap();
+    let mut seq = CachedSequence::new(cache).with_store(PrefixStore::new(budget), 4);
+    let mut reused = |seq: &mut CachedSequence, p: &[u32]| {
+        seq.reset();
+        seq.prefill(&model, p).unwrap().1.reused
+    };
+    assert_eq!(reused(&mut seq, &a), 0);
+    assert_eq!(reused(&mut seq, &b), 0);
+    assert_eq!(
+        reused(&mut seq, &a),
+        9,
+        "A is stored and now the most recent"
+    );
+    assert_eq!(reused(&mut seq, &c), 0);
+    assert_eq!(seq.store().unwrap().len(), 2);
+    assert_eq!(reused(&mut seq, &a), 9, "A survived");
+    assert_eq!(reused(&mut seq, &b), 0, "B was evicted");
+}

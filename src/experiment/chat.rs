@@ -242,6 +242,18 @@ mod tests {
     }
 
     #[test]
+    fn renders_a_conversation_with_alternating_roles() {
+        let t = template(
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+        );
+        let turns = ["q1".to_string(), "a1".to_string(), "q2".to_string()];
+        assert_eq!(
+            t.render_conversation(&turns).unwrap(),
+            "<|user|>q1\n<|assistant|>a1\n<|user|>q2\n<|assistant|>"
+        );
+    }
+
+    #[test]
     fn raise_exception_is_an_error() {
         let t = template("{{ raise_exception('no system role') }}");
         let err = t.render("x").unwrap_err().to_string();

@@ -108,7 +108,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let encode_turns = |turns: &[String]| -> Result<Vec<u32>> {
         encode_conversation(&tokenizer, "", turns, template.as_ref())
     };
-    let conversations = (config.dataset.turns == TurnsChoice::All).then(|| Conversations {
+    let conversations = (config.dataset.turns == TurnsChoice::All).then_some(Conversations {
         turns,
         encode: &encode_turns,
     });
