@@ -94,11 +94,10 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 })?;
                 tokens = encode(&messages)?;
             }
-            let key = match turn {
-                1 => prompt.id.clone(),
-                t => format!("{}#turn{t}", prompt.id),
-            };
-            let seed = run.point.generation_seed(config.seed, &key);
+            // Turn 1 keeps the single-turn seed; later turns get their own.
+            let key = format!("{}#turn{turn}", prompt.id);
+            let key = if turn == 1 { &prompt.id } else { &key };
+            let seed = run.point.generation_seed(config.seed, key);
             let mut rng = StdRng::seed_from_u64(seed);
             let target = self.target.as_ref();
             let generation = match run.drafter.as_deref_mut() {
@@ -116,9 +115,6 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                     prompt.id
                 ))
             })?;
-            let mut record = ResultRecord::new(run.index, run.point, prompt, seed);
-            record.turn = turn;
-            record.prompt_tokens = tokens.len();
             // The answer as the next turn's context sees it: without its end-of-sequence token.
             let eos = self.target.eos_token_ids();
             let answer = match generation.output_ids.split_last() {
@@ -126,6 +122,9 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 _ => &generation.output_ids[..],
             };
             messages.push((self.decode)(answer)?);
+            let mut record = ResultRecord::new(run.index, run.point, prompt, seed);
+            record.turn = turn;
+            record.prompt_tokens = tokens.len();
             let text = (self.decode)(&generation.output_ids)?;
             record.fill(generation, text);
             records.push(record);

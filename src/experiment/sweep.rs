@@ -88,8 +88,8 @@ impl SweepPoint {
     /// A seed for one generation, from the config seed, this point and the prompt id: the same
     /// config and seed give the same tokens, and adding sweep values does not change the
     /// seeds of the other points. The cache strategy and the prefix store are left out:
-    /// points that differ only in them draw the same random numbers, so their outputs must be identical (caches are exact)
-    /// and their timings are a paired comparison.
+    /// points that differ only in them draw the same random numbers, so their outputs must be
+    /// identical (caches are exact) and their timings are a paired comparison.
     pub fn generation_seed(&self, seed: u64, prompt_id: &str) -> u64 {
         let key = format!(
             "{} {:?} {:?} {} {} {}",
