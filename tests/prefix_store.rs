@@ -116,6 +116,7 @@ enum Op {
     /// Prefill the shared text's first `shared` tokens then `suffix` (a new prompt, or the
     /// next turn of the current conversation when `continue_turn`).
     Prefill {
+        text: usize,
         shared: usize,
         suffix: Vec<u32>,
         continue_turn: bool,
@@ -130,9 +131,18 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..24usize, prop::collection::vec(0..VOCAB as u32, 0..6), any::<bool>()).prop_map(
-            |(shared, suffix, continue_turn)| Op::Prefill { shared, suffix, continue_turn }
-        ),
+        4 => (
+            0..2usize,
+            0..24usize,
+            prop::collection::vec(0..VOCAB as u32, 0..6),
+            any::<bool>()
+        )
+            .prop_map(|(text, shared, suffix, continue_turn)| Op::Prefill {
+                text,
+                shared,
+                suffix,
+                continue_turn
+            }),
         2 => (1..8usize).prop_map(Op::Generate),
         1 => (1..4usize).prop_map(Op::Evict),
         1 => Just(Op::Reset),
@@ -176,9 +186,20 @@ fn models() -> Vec<(Probe, RotatingStrategy)> {
     ]
 }
 
-/// The text every prompt starts a prefix of.
+/// The first text prompts start a prefix of.
 fn shared_text() -> Vec<u32> {
-    (0..24u32).map(|i| (i * 7 + i / 3) % VOCAB as u32).collect()
+    texts(0)
+}
+
+/// Two texts prompts start a prefix of (they differ from the first token on).
+fn texts(which: usize) -> Vec<u32> {
+    let v = VOCAB as u32;
+    (0..24u32)
+        .map(|i| match which {
+            0 => (i * 7 + i / 3) % v,
+            _ => (i * 5 + i / 2 + 1) % v,
+        })
+        .collect()
 }
 
 fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
@@ -197,6 +218,7 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
         for op in ops {
             match op {
                 Op::Prefill {
+                    text,
                     shared,
                     suffix,
                     continue_turn,
@@ -204,7 +226,7 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
                     let mut prompt = if *continue_turn {
                         conversation.clone()
                     } else {
-                        shared_text()[..*shared].to_vec()
+                        texts(*text)[..*shared].to_vec()
                     };
                     prompt.extend(suffix);
                     if prompt.is_empty() {
@@ -354,4 +376,28 @@ fn eviction_drops_the_least_recently_used_entry() {
     assert_eq!(seq.store().unwrap().len(), 2);
     assert_eq!(reused(&mut seq, &a), 9, "A survived");
     assert_eq!(reused(&mut seq, &b), 0, "B was evicted");
+}
+
+/// A store restore after the cache held another prompt: the cache then holds the new
+/// prompt's prefix, and what is stored next is keyed by the new prompt's tokens, not by the
+/// tokens the cache held before.
+#[test]
+fn a_restore_over_another_prompt_stores_the_new_prompts_tokens() {
+    let (s, t) = (texts(0)[..16].to_vec(), texts(1));
+    for layers in [vec![None], vec![Some(3), None]] {
+        let model = Probe { layers };
+        let cache = model.new_cache(RotatingStrategy::Staged).unwrap();
+        let mut seq = CachedSequence::new(cache).with_store(PrefixStore::new(usize::MAX), 4);
+        let prompts = [
+            [s.as_slice(), &[1, 2]].concat(),
+            t.clone(),
+            [s.as_slice(), &[3, 3, 3]].concat(),
+            [&t[..16], &[3, 3, 3, 0]].concat(),
+        ];
+        for p in &prompts {
+            seq.prefill(&model, p).unwrap();
+            assert_fresh(&model, RotatingStrategy::Staged, seq.cache(), p);
+            assert_eq!(seq.tokens(), p.as_slice());
+        }
+    }
 }

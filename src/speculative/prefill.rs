@@ -123,7 +123,9 @@ impl CachedSequence {
         prompt: &[u32],
     ) -> Result<(Tensor, PrefillStats)> {
         let base = self.reuse(prompt);
-        self.tokens.truncate(base);
+        // The cache now holds `prompt[..base]`, whether kept or restored from the store.
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&prompt[..base]);
         let mut at = base;
         let mut logits = None;
         let mut forwards = 0;
