@@ -43,6 +43,23 @@ fn spec_bench_conversations_run_every_turn_with_the_store_on_and_off() {
     };
     run_experiment(&config, &opts).unwrap();
     let records = records(&out);
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("results.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    for key in [
+        "turn",
+        "prefix_cache",
+        "ttft_s",
+        "prefill_tokens_computed",
+        "prefill_tokens_reused",
+    ] {
+        assert!(first.get(key).is_some(), "results.jsonl lacks {key}");
+    }
     // 2 methods × 2 caches × store off/on = 8 points, 2 conversations of 2 turns each.
     assert_eq!(records.len(), 8 * 2 * 2);
     for pair in records.chunks(2) {
