@@ -361,7 +361,7 @@ fn eviction_drops_the_least_recently_used_entry() {
     let budget = size(&a) + size(&b);
     let cache = model.new_cache(RotatingStrategy::Staged).unwrap();
     let mut seq = CachedSequence::new(cache).with_store(PrefixStore::new(budget), 4);
-    let mut reused = |seq: &mut CachedSequence, p: &[u32]| {
+    let reused = |seq: &mut CachedSequence, p: &[u32]| {
         seq.reset();
         seq.prefill(&model, p).unwrap().1.reused
     };
