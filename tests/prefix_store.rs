@@ -14,7 +14,8 @@ use specdec::cache::{
     KvCache, LayerCache, ModelCache, PrefixStore, RotatingKvCache, RotatingStrategy,
 };
 use specdec::speculative::{
-    autoregressive_continue, CachedSequence, GammaPolicy, GenParams, LanguageModel, SamplingParams,
+    autoregressive_continue, speculative_continue, CachedSequence, GammaPolicy, GenParams,
+    LanguageModel, NgramDrafter, SamplingParams,
 };
 
 const VOCAB: usize = 4;
@@ -121,8 +122,9 @@ enum Op {
         suffix: Vec<u32>,
         continue_turn: bool,
     },
-    /// Generate this many tokens greedily after the last prefill.
-    Generate(usize),
+    /// Generate this many tokens greedily after the last prefill (speculatively, with
+    /// prompt lookup drafting γ = 3, when the flag is set).
+    Generate(usize, bool),
     /// Evict this many least-recently-used entries.
     Evict(usize),
     /// Start a new conversation: the cache is emptied (the store is kept).
@@ -143,7 +145,7 @@ fn op() -> impl Strategy<Value = Op> {
                 suffix,
                 continue_turn
             }),
-        2 => (1..8usize).prop_map(Op::Generate),
+        2 => (1..8usize, any::<bool>()).prop_map(|(n, spec)| Op::Generate(n, spec)),
         1 => (1..4usize).prop_map(Op::Evict),
         1 => Just(Op::Reset),
     ]
@@ -206,7 +208,7 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
     let greedy = |n| GenParams {
         max_new_tokens: n,
         sampling: SamplingParams::greedy(),
-        gamma: GammaPolicy::Fixed(1),
+        gamma: GammaPolicy::Fixed(3),
         stop_at_eos: false,
     };
     for (model, strategy) in models() {
@@ -246,21 +248,21 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
                     assert!(close(&a, &b), "prefill logits {a:?} vs fresh {b:?}");
                     conversation = prompt;
                 }
-                Op::Generate(n) if !conversation.is_empty() => {
-                    let out = autoregressive_continue(
-                        &model,
-                        &mut seq,
-                        &conversation,
-                        &greedy(*n),
-                        &mut rng,
-                    )
+                Op::Generate(n, spec) if !conversation.is_empty() => {
+                    let (c, p) = (&conversation, &greedy(*n));
+                    let out = if *spec {
+                        let mut lookup = NgramDrafter::new("lookup", 1, 3).unwrap();
+                        speculative_continue(&model, &mut seq, &mut lookup, c, p, &mut rng)
+                    } else {
+                        autoregressive_continue(&model, &mut seq, c, p, &mut rng)
+                    }
                     .unwrap();
                     conversation.extend(&out.output_ids);
                     let held = &conversation[..conversation.len() - 1];
                     assert_eq!(seq.tokens(), held);
                     assert_fresh(&model, strategy, seq.cache(), held);
                 }
-                Op::Generate(_) => {}
+                Op::Generate(..) => {}
                 Op::Evict(n) => {
                     for _ in 0..*n {
                         seq.store_mut().map(PrefixStore::evict_lru);
@@ -278,7 +280,7 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
     fn restored_caches_equal_fresh_prefills(
