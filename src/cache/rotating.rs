@@ -68,6 +68,12 @@ impl RotatingSnapshot {
         self.to
     }
 
+    /// Bytes of K/V held.
+    pub fn bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.data.as_ref().map_or(0, |(k, v)| bytes(k) + bytes(v))
+    }
+
     /// Joins `[a, b)` and `[b, c)` into `[a, c)`: the child's window is the state at `c`, so
     /// the result keeps the child's data. There is no `split`: a window cannot be cut.
     pub fn merge(&self, child: &RotatingSnapshot) -> Result<RotatingSnapshot> {
@@ -313,20 +319,28 @@ impl RotatingKvCache {
         let ring = self.ring.as_ref().ok_or_else(no_ring)?;
         let slot = p0 % self.capacity;
         let first_len = (end - p0).min(self.capacity - slot);
-        ring.write(
-            slot,
-            &k.narrow(2, 0, first_len)?,
-            &v.narrow(2, 0, first_len)?,
-        )?;
-        if first_len < end - p0 {
-            let rest = end - p0 - first_len;
+        let written = (|| -> Result<()> {
             ring.write(
-                0,
-                &k.narrow(2, first_len, rest)?,
-                &v.narrow(2, first_len, rest)?,
+                slot,
+                &k.narrow(2, 0, first_len)?,
+                &v.narrow(2, 0, first_len)?,
             )?;
+            if first_len < end - p0 {
+                let rest = end - p0 - first_len;
+                ring.write(
+                    0,
+                    &k.narrow(2, first_len, rest)?,
+                    &v.narrow(2, first_len, rest)?,
+                )?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            // Some slots may hold new tokens, others old ones: nothing below `end` is known
+            // intact, so every later use that needs history is refused.
+            self.lo = end;
         }
-        Ok(())
+        written
     }
 
     /// K/V of positions `[start, end)` from the ring in logical order (views when contiguous

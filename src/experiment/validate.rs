@@ -26,6 +26,7 @@ impl ExperimentConfig {
         }
         self.check_dataset(&mut problems);
         self.check_sweep(&mut problems);
+        problems.extend(self.prefix_cache.problems());
         if problems.is_empty() {
             Ok(())
         } else {

@@ -4,9 +4,10 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
+use super::prefill::CachedSequence;
 use super::sampling::{argmax, sample, SamplingParams};
 use super::LanguageModel;
-use crate::cache::{ModelCache, RotatingStrategy, Speculation};
+use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
 
 /// A proposal of draft tokens. It may hold tentative drafter state (a draft model's cache
@@ -70,7 +71,9 @@ impl Draft for FixedDraft {
 pub struct ModelDrafter<M> {
     name: String,
     model: Arc<M>,
-    cache: ModelCache,
+    /// The draft's cache and the committed tokens it holds (kept across generations, so a
+    /// conversation's next turn prefills only its new tokens).
+    seq: CachedSequence,
     /// Stop drafting before a position whose largest draft probability is below this (the
     /// first draft is always proposed).
     confidence: Option<f32>,
@@ -85,14 +88,43 @@ impl<M: LanguageModel> ModelDrafter<M> {
         strategy: RotatingStrategy,
         confidence: Option<f32>,
     ) -> Result<Self> {
-        let cache = model.new_cache(strategy)?;
+        let seq = CachedSequence::new(model.new_cache(strategy)?);
         Ok(Self {
             name: name.into(),
             model,
-            cache,
+            seq,
             confidence,
             forwards: 0,
         })
+    }
+
+    /// Feeds the committed tokens of `context` the draft has not seen (at least the last one)
+    /// and returns the last position's logits. When the draft holds a prefix of `context`
+    /// this is one forward over the rest; otherwise (a new prompt, a new turn) a prefill
+    /// that keeps what the draft's cache and store share with `context`.
+    fn sync(&mut self, context: &[u32]) -> Result<Tensor> {
+        let held = self.seq.tokens().len();
+        let cache = self.seq.cache();
+        if !cache.is_poisoned()
+            && held == cache.offset()
+            && held < context.len()
+            && context.starts_with(self.seq.tokens())
+        {
+            let (cache, tokens) = self.seq.parts();
+            let logits = self.model.forward_last(&context[held..], cache)?;
+            tokens.extend_from_slice(&context[held..]);
+            self.forwards += 1;
+            return Ok(logits);
+        }
+        let (logits, stats) = self.seq.prefill(self.model.as_ref(), context)?;
+        self.forwards += stats.forwards;
+        Ok(logits)
+    }
+
+    /// Backs the draft's prefills with a prefix store (see [`CachedSequence::with_store`]).
+    pub fn with_prefix_store(mut self, store: PrefixStore, checkpoint_every: usize) -> Self {
+        self.seq.set_store(store, checkpoint_every);
+        self
     }
 }
 
@@ -140,6 +172,8 @@ fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
 
 struct ModelDraft<'a> {
     spec: Speculation<'a>,
+    /// The drafter's held tokens, to extend by the kept drafts.
+    held: &'a mut Vec<u32>,
     tokens: Vec<u32>,
     probs: Option<Vec<Vec<f32>>>,
 }
@@ -155,7 +189,9 @@ impl Draft for ModelDraft<'_> {
     /// ones. A fully accepted chain leaves `dk` to be fed with the next context.
     fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
         let keep = accepted.min(self.spec.appended());
-        self.spec.commit(keep)
+        self.spec.commit(keep)?;
+        self.held.extend_from_slice(&self.tokens[..keep]);
+        Ok(())
     }
 }
 
@@ -165,7 +201,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.cache.reset();
+        self.seq.reset();
         self.forwards = 0;
         Ok(())
     }
@@ -180,19 +216,14 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         if max == 0 || context.is_empty() {
             return Ok(Box::new(FixedDraft(Vec::new())));
         }
-        // Committed tokens the draft has not seen yet (at least the last one).
-        if self.cache.offset() >= context.len() {
-            self.cache.reset();
-        }
-        let fresh = &context[self.cache.offset()..];
-        let logits = self.model.forward_last(fresh, &mut self.cache)?;
-        self.forwards += 1;
+        let logits = self.sync(context)?;
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
         let need_conf = self.confidence.is_some();
         let threshold = self.confidence.unwrap_or(0.0);
         let (mut next, mut conf) = next_dist(&logits, sampling, need_conf)?;
-        let mut spec = self.cache.speculate()?;
+        let (cache, held) = self.seq.parts();
+        let mut spec = cache.speculate()?;
         loop {
             // The stop decision sees the distribution at this position, never the token drawn
             // from it: stopping on q(drawn token) would keep only the confident drafts while
@@ -214,6 +245,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         }
         Ok(Box::new(ModelDraft {
             spec,
+            held,
             tokens,
             probs,
         }))
