@@ -105,9 +105,18 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                     autoregressive_continue(target, &mut run.seq, &tokens, &run.params, &mut rng)
                 }
                 // `prepare` is the drafter's untimed per-prompt setup (the oracle's reference).
-                Some(d) => d.prepare(&tokens, run.params.max_new_tokens).and_then(|()| {
-                    speculative_continue(target, &mut run.seq, d, &tokens, &run.params, &mut rng)
-                }),
+                Some(d) => d
+                    .prepare(&tokens, run.params.max_new_tokens)
+                    .and_then(|()| {
+                        speculative_continue(
+                            target,
+                            &mut run.seq,
+                            d,
+                            &tokens,
+                            &run.params,
+                            &mut rng,
+                        )
+                    }),
             }
             .map_err(|e| {
                 Error::invalid(format!(
