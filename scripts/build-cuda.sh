@@ -106,8 +106,8 @@ for line in sys.stdin:
     t = m["target"]
     kind = t["kind"][0]
     if m["profile"]["test"]:
-        # Test harnesses: the integration tests and the library unit tests (a binary target's
-        # unit-test harness would share the name of the binary; it has no tests).
+        # Test harnesses: the integration tests and the library unit tests (the harness of
+        # the binary would share its name and holds no tests).
         folder = {"test": "tests", "lib": "tests"}.get(kind)
     else:
         folder = {"bin": "bin", "bench": "benches"}.get(kind)

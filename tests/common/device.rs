@@ -4,9 +4,16 @@
 //! models here, so the same equivalence tests prove a GPU backend.
 use candle_core::Device;
 
-/// The device named by `SPECDEC_TEST_DEVICE`; panics with the reason when it is not
-/// available (a test pass that silently fell back to the CPU would prove nothing).
+/// The device named by `SPECDEC_TEST_DEVICE`, opened once per test binary (a GPU device
+/// is a context with its own stream and loaded kernels: tensors of two opened devices do
+/// not mix, and opening one per call would dominate every test). Panics with the reason
+/// when it is not available (a pass that silently fell back to the CPU would prove nothing).
 pub fn device() -> Device {
+    static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    DEVICE.get_or_init(open).clone()
+}
+
+fn open() -> Device {
     let spec = std::env::var("SPECDEC_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
     let (kind, ordinal) = match spec.split_once(':') {
         Some((k, n)) => (
