@@ -16,6 +16,7 @@ mod mask;
 mod model;
 mod rotating;
 mod strategy;
+mod tree;
 
 use candle_core::Tensor;
 
@@ -26,6 +27,7 @@ pub use mask::{KeyOrder, Mask};
 pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
+pub use tree::TokenTree;
 
 /// What attention needs after a cache update.
 ///
@@ -111,4 +113,8 @@ pub enum CacheError {
     /// Input tensors of the wrong rank or shape.
     #[error("bad cache input: {0}")]
     BadInput(String),
+    /// A token tree whose parents are not topological, an append past its nodes, or a
+    /// committed path that is not root-to-node.
+    #[error("bad token tree: {0}")]
+    BadTree(String),
 }

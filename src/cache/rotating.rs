@@ -1,8 +1,12 @@
 //! The sliding-window ring cache.
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::buffer::{cat_seq, seq_len, KvBuf};
-use super::{Attend, CacheError, KeyOrder, Mask};
+use super::kv::{check_tree_append, tree_positions};
+use super::tree::path_moves;
+use super::{Attend, CacheError, KeyOrder, Mask, TokenTree};
 use crate::error::Result;
 
 /// How a [`RotatingKvCache`] holds speculative tokens.
@@ -41,6 +45,8 @@ struct Spec {
     base: usize,
     /// Staged strategy only: K/V appended since `base`, `[b, h, offset - base, d]`.
     staged: Option<(Tensor, Tensor)>,
+    /// The tree the block follows (block position `base + i` holds node `i`).
+    tree: Option<Arc<TokenTree>>,
 }
 
 /// Owned copy of the last `window` tokens of a [`RotatingKvCache`], labelled with the range
@@ -169,6 +175,9 @@ impl RotatingKvCache {
                 let max = self.max_speculative();
                 return Err(CacheError::SpeculationTooLong { len, max }.into());
             }
+            if let Some(tree) = &spec.tree {
+                check_tree_append(tree, len)?;
+            }
             if self.strategy == RotatingStrategy::Staged {
                 return self.append_staged(k, v, q);
             }
@@ -196,7 +205,7 @@ impl RotatingKvCache {
             (cap, KeyOrder::Ring { last: end - 1 })
         };
         let (k_all, v_all) = ring.view(0, len)?;
-        let mask = Mask::new(start..end, keys, len, held_lo, Some(self.window));
+        let mask = self.with_tree(Mask::new(start..end, keys, len, held_lo, Some(self.window)));
         Ok(Attend {
             k: k_all,
             v: v_all,
@@ -250,8 +259,10 @@ impl RotatingKvCache {
         } else {
             (self.capacity, KeyOrder::Ring { last: base - 1 })
         };
-        let mask = Mask::new(queries.clone(), keys, ring_len, held_lo, Some(self.window))
-            .with_tail(base, end - base);
+        let mask = self.with_tree(
+            Mask::new(queries.clone(), keys, ring_len, held_lo, Some(self.window))
+                .with_tail(base, end - base),
+        );
         match &self.ring {
             Some(ring) if ring_len > 0 => {
                 let (k_all, v_all) = ring.view(0, ring_len)?;
@@ -267,14 +278,26 @@ impl RotatingKvCache {
                 k: staged.0,
                 v: staged.1,
                 tail: None,
-                mask: Mask::new(
+                mask: self.with_tree(Mask::new(
                     queries,
                     KeyOrder::Linear { first: base },
                     end - base,
                     base,
                     Some(self.window),
-                ),
+                )),
             }),
+        }
+    }
+
+    /// `mask` with the open speculation's tree, if it has one.
+    fn with_tree(&self, mask: Mask) -> Mask {
+        match &self.spec {
+            Some(Spec {
+                base,
+                tree: Some(tree),
+                ..
+            }) => mask.with_tree(*base, tree.clone()),
+            _ => mask,
         }
     }
 
@@ -473,6 +496,7 @@ impl RotatingKvCache {
             Some(s) => Some(Spec {
                 base: s.base,
                 staged: s.staged.as_ref().map(copy_pair).transpose()?,
+                tree: s.tree.clone(),
             }),
         };
         Ok(Self {
@@ -504,7 +528,59 @@ impl RotatingKvCache {
         self.spec = Some(Spec {
             base: self.offset,
             staged: None,
+            tree: None,
         });
+    }
+
+    /// Declares the tree the speculation's block follows (nodes appended so far included).
+    pub(crate) fn set_tree(&mut self, tree: Arc<TokenTree>) {
+        if let Some(spec) = &mut self.spec {
+            spec.tree = Some(tree);
+        }
+    }
+
+    /// RoPE positions of the next `t` appended tokens when the block is a tree.
+    pub(crate) fn tree_positions(&self, t: usize) -> Option<Vec<usize>> {
+        let spec = self.spec.as_ref()?;
+        let tree = spec.tree.as_ref()?;
+        Some(tree_positions(tree, spec.base, self.offset - spec.base, t))
+    }
+
+    /// Keeps the block nodes of `path` (checked root-to-node by the caller), O(path length).
+    /// Staged: the path's rows of the side buffer are appended to the ring. Slack: the
+    /// path's K/V move to consecutive positions from the base inside the ring (they lie in
+    /// its slack, so no history the window needs is touched), then the cursor moves.
+    pub(crate) fn commit_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some(spec) = &self.spec else {
+            return Ok(());
+        };
+        let base = spec.base;
+        match self.strategy {
+            RotatingStrategy::Staged => {
+                let staged = self.spec.take().and_then(|s| s.staged);
+                self.offset = base;
+                if let (Some((k, v)), false) = (staged, path.is_empty()) {
+                    let ids: Vec<u32> = path.iter().map(|&i| i as u32).collect();
+                    let ids = Tensor::new(ids.as_slice(), k.device())?;
+                    let (k, v) = (k.index_select(&ids, 2)?, v.index_select(&ids, 2)?);
+                    self.ensure_ring(&k)?;
+                    self.store(&k, &v, base)?;
+                    self.offset = base + path.len();
+                }
+                Ok(())
+            }
+            RotatingStrategy::Slack { .. } => {
+                for (dest, src, len) in path_moves(path) {
+                    // Owned copies: a write from a view of the ring would alias it.
+                    let moved = self.logical(base + src, base + src + len)?;
+                    if let Some((k, v)) = moved {
+                        let (k, v) = (k.force_contiguous()?, v.force_contiguous()?);
+                        self.store(&k, &v, base + dest)?;
+                    }
+                }
+                self.commit(path.len())
+            }
+        }
     }
 
     /// Keeps the first `n` speculative tokens. Staged: appends them to the ring (O(n));

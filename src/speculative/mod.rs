@@ -14,6 +14,7 @@ mod drafter;
 mod metrics;
 mod ngram;
 mod sampling;
+mod tree;
 mod verify;
 
 use candle_core::Tensor;
@@ -23,6 +24,7 @@ pub use drafter::{Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use sampling::{argmax, sample, SamplingParams};
+pub use tree::{verify_tree, DraftTree, ResidualRule, TreeShape, TreeVerdict};
 pub use verify::{verify, Verdict};
 
 use crate::cache::{ModelCache, RotatingStrategy};
