@@ -562,7 +562,11 @@ impl RotatingKvCache {
                 if let (Some((k, v)), false) = (staged, path.is_empty()) {
                     let ids: Vec<u32> = path.iter().map(|&i| i as u32).collect();
                     let ids = Tensor::new(ids.as_slice(), k.device())?;
-                    let (k, v) = (k.index_select(&ids, 2)?, v.index_select(&ids, 2)?);
+                    // index_select needs contiguous input; the staged K/V may be views.
+                    let (k, v) = (
+                        k.contiguous()?.index_select(&ids, 2)?,
+                        v.contiguous()?.index_select(&ids, 2)?,
+                    );
                     self.ensure_ring(&k)?;
                     self.store(&k, &v, base)?;
                     self.offset = base + path.len();

@@ -5,6 +5,7 @@ use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
 use super::sampling::{argmax, sample, SamplingParams};
+use super::tree::{ChainTree, TreeDraft, TreeShape};
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
 use crate::error::Result;
@@ -37,6 +38,20 @@ pub trait Drafter {
     ) -> Result<Box<dyn Draft + 'a>>;
     /// Model forwards run since the last reset.
     fn forwards(&self) -> usize;
+    /// Proposes a token tree of `shape` after `context`. The default drafts a chain of
+    /// `min(depth, budget)` tokens with [`Drafter::propose`]: the tree of width 1.
+    fn propose_tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        shape: TreeShape,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn TreeDraft + 'a>> {
+        let max = shape.depth.min(shape.budget);
+        Ok(Box::new(ChainTree::new(
+            self.propose(context, max, sampling, rng)?,
+        )))
+    }
 }
 
 /// A fixed list of drafts with nothing tentative to keep.
@@ -57,11 +72,11 @@ impl Draft for FixedDraft {
 /// Drafts with a smaller model that has its own (transactional) caches.
 pub struct ModelDrafter<M> {
     name: String,
-    model: Arc<M>,
-    cache: ModelCache,
+    pub(super) model: Arc<M>,
+    pub(super) cache: ModelCache,
     /// Stop drafting when the draft's probability of its own token falls below this.
     confidence: Option<f32>,
-    forwards: usize,
+    pub(super) forwards: usize,
 }
 
 impl<M: LanguageModel> ModelDrafter<M> {
@@ -191,5 +206,17 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
 
     fn forwards(&self) -> usize {
         self.forwards
+    }
+
+    /// EAGLE-2-style dynamic tree (see [`ModelDrafter::draft_tree`]); the confidence
+    /// threshold applies to chains only.
+    fn propose_tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        shape: TreeShape,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn TreeDraft + 'a>> {
+        self.draft_tree(context, shape, sampling, rng)
     }
 }

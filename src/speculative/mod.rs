@@ -15,6 +15,8 @@ mod metrics;
 mod ngram;
 mod sampling;
 mod tree;
+mod tree_decode;
+mod tree_draft;
 mod verify;
 
 use candle_core::Tensor;
@@ -24,7 +26,8 @@ pub use drafter::{Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use sampling::{argmax, sample, SamplingParams};
-pub use tree::{verify_tree, DraftTree, ResidualRule, TreeShape, TreeVerdict};
+pub use tree::{verify_tree, DraftTree, ResidualRule, TreeDraft, TreeShape, TreeVerdict};
+pub use tree_decode::{speculative_tree, TreeParams};
 pub use verify::{verify, Verdict};
 
 use crate::cache::{ModelCache, RotatingStrategy};

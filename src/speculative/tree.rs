@@ -8,6 +8,7 @@
 use candle_core::{DType, Tensor, D};
 use rand::Rng;
 
+use super::drafter::Draft;
 use super::sampling::{sample, SamplingParams};
 use crate::error::{Error, Result};
 
@@ -85,6 +86,39 @@ impl DraftTree {
         (0..self.len())
             .filter(|&i| self.parents[i] == parent)
             .collect()
+    }
+}
+
+/// A proposed token tree. It may hold tentative drafter state (a draft model's cache
+/// transaction), so it borrows the drafter until [`TreeDraft::finish`] consumes it.
+pub trait TreeDraft {
+    /// The proposed tree.
+    fn tree(&self) -> &DraftTree;
+    /// Told the accepted root-to-node path (node indices); keeps the matching state.
+    fn finish(self: Box<Self>, path: &[usize]) -> Result<()>;
+}
+
+/// A chain [`Draft`] seen as a tree of width 1.
+pub(crate) struct ChainTree<'a> {
+    draft: Box<dyn Draft + 'a>,
+    tree: DraftTree,
+}
+
+impl<'a> ChainTree<'a> {
+    /// Wraps a chain draft.
+    pub(crate) fn new(draft: Box<dyn Draft + 'a>) -> Self {
+        let tree = DraftTree::chain(draft.tokens(), draft.probs());
+        Self { draft, tree }
+    }
+}
+
+impl TreeDraft for ChainTree<'_> {
+    fn tree(&self) -> &DraftTree {
+        &self.tree
+    }
+    /// A path in a chain is its prefix of the same length.
+    fn finish(self: Box<Self>, path: &[usize]) -> Result<()> {
+        self.draft.finish(path.len())
     }
 }
 
