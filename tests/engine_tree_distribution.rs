@@ -1,0 +1,201 @@
+//! Sampled tree speculation preserves the target's distribution: the joint distribution of
+//! the first three tokens of tree speculative sampling (i.i.d. sampled siblings tried in turn
+//! with multi-candidate rejection sampling, corrections and bonus tokens) is compared with
+//! the target's exact distribution by a chi-square test at significance 0.001, on rotating
+//! caches of both strategies, at T = 1 and with top-k and top-p. The same test must reject
+//! the naive rule that keeps `p` unchanged after a sibling is rejected, and the draft's own
+//! distribution, which shows it has power.
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::Toy;
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::RotatingStrategy;
+use specdec::speculative::{
+    speculative_tree, GammaPolicy, GenParams, LanguageModel, ModelDrafter, ResidualRule,
+    SamplingParams, TreeParams,
+};
+
+const VOCAB: usize = 5;
+const RUNS: usize = 6000;
+const NEW: usize = 3;
+/// Upper-tail quantile of the standard normal for significance 0.001.
+const Z_001: f64 = 3.090_232;
+
+/// Chi-square critical value for `df` degrees of freedom at significance 0.001
+/// (Wilson–Hilferty approximation, accurate to well under 1% for df ≥ 3).
+fn critical(df: usize) -> f64 {
+    let d = df as f64;
+    let t = 1.0 - 2.0 / (9.0 * d) + Z_001 * (2.0 / (9.0 * d)).sqrt();
+    d * t * t * t
+}
+
+/// Exact probability of every sequence of `NEW` tokens after `prompt` under `model`.
+fn exact(model: &Toy, prompt: &[u32], sampling: &SamplingParams) -> HashMap<Vec<u32>, f64> {
+    let mut dist = HashMap::from([(Vec::new(), 1.0)]);
+    for _ in 0..NEW {
+        let mut next = HashMap::new();
+        for (seq, p) in dist {
+            let mut ctx = prompt.to_vec();
+            ctx.extend(&seq);
+            let probs = sampling.probs(&model.last_logits(&ctx));
+            for (t, &q) in probs.iter().enumerate() {
+                if q > 0.0 {
+                    let mut s = seq.clone();
+                    s.push(t as u32);
+                    next.insert(s, p * q as f64);
+                }
+            }
+        }
+        dist = next;
+    }
+    dist
+}
+
+/// Pearson's statistic over cells with expected count ≥ 5 (the rest pooled); returns
+/// (statistic, degrees of freedom).
+fn chi_square(
+    observed: &HashMap<Vec<u32>, usize>,
+    expected: &HashMap<Vec<u32>, f64>,
+) -> (f64, usize) {
+    let n = observed.values().sum::<usize>() as f64;
+    let (mut stat, mut cells) = (0.0, 0);
+    let (mut pooled_o, mut pooled_e) = (0.0, 0.0);
+    let mut keys: Vec<&Vec<u32>> = expected.keys().chain(observed.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let e = expected.get(key).copied().unwrap_or(0.0) * n;
+        let o = observed.get(key).copied().unwrap_or(0) as f64;
+        if e >= 5.0 {
+            stat += (o - e) * (o - e) / e;
+            cells += 1;
+        } else {
+            pooled_o += o;
+            pooled_e += e;
+        }
+    }
+    if pooled_e > 0.0 {
+        stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+        cells += 1;
+    } else if pooled_o > 0.0 {
+        stat = f64::INFINITY; // sequences the target cannot produce
+    }
+    (stat, cells - 1)
+}
+
+const PROMPT: [u32; 2] = [1, 3];
+
+/// Samples `RUNS` generations of tree speculation; returns the observed sequences and the
+/// steps in which a sibling other than the first child was accepted.
+fn sample_runs(
+    strategy: RotatingStrategy,
+    sampling: SamplingParams,
+    tree: TreeParams,
+) -> (HashMap<Vec<u32>, usize>, usize) {
+    let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
+    let draft = Arc::new(Toy::new(VOCAB, 8, 99, 1.5, None));
+    let mut drafter = ModelDrafter::new("draft", draft, strategy, None).unwrap();
+    let params = GenParams {
+        max_new_tokens: NEW,
+        sampling,
+        gamma: GammaPolicy::Fixed(2),
+        stop_at_eos: false,
+    };
+    let mut cache = target.new_cache(strategy).unwrap();
+    let mut observed: HashMap<Vec<u32>, usize> = HashMap::new();
+    let (mut accepted, mut proposed) = (0, 0);
+    for seed in 0..RUNS as u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let r = speculative_tree(
+            &target,
+            &mut cache,
+            &mut drafter,
+            &PROMPT,
+            &params,
+            &tree,
+            &mut rng,
+        )
+        .unwrap();
+        accepted += r.accepted.iter().sum::<usize>();
+        proposed += r.proposed.iter().sum::<usize>();
+        *observed.entry(r.output_ids).or_default() += 1;
+    }
+    assert!(
+        accepted > 0 && accepted < proposed,
+        "both acceptances and rejections occur: {accepted}/{proposed}"
+    );
+    (observed, accepted)
+}
+
+fn settings() -> [SamplingParams; 3] {
+    [
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        },
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 3,
+            top_p: 1.0,
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 0,
+            top_p: 0.8,
+        },
+    ]
+}
+
+fn tree(residual: ResidualRule) -> TreeParams {
+    TreeParams {
+        width: 3,
+        budget: 8,
+        residual,
+    }
+}
+
+#[test]
+fn sampled_tree_speculation_samples_the_target_distribution() {
+    let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
+    let draft = Toy::new(VOCAB, 8, 99, 1.5, None);
+    for strategy in [
+        RotatingStrategy::Staged,
+        RotatingStrategy::Slack { max_draft: 8 },
+    ] {
+        for sampling in settings() {
+            let (observed, _) = sample_runs(strategy, sampling, tree(ResidualRule::Exact));
+            let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
+            assert!(
+                stat < critical(df),
+                "{strategy:?} {sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
+                critical(df)
+            );
+            let (stat, df) = chi_square(&observed, &exact(&draft, &PROMPT, &sampling));
+            assert!(
+                stat > critical(df),
+                "the test cannot tell target from draft: {stat:.1} (df {df})"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unchanged_residual_is_rejected() {
+    let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
+    let sampling = settings()[0];
+    let (observed, _) = sample_runs(
+        RotatingStrategy::Staged,
+        sampling,
+        tree(ResidualRule::Unchanged),
+    );
+    let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
+    assert!(
+        stat > critical(df),
+        "the naive residual went unnoticed: chi-square {stat:.1} < {:.1} (df {df})",
+        critical(df)
+    );
+}
