@@ -19,6 +19,7 @@ mod report;
 mod run;
 mod runner;
 mod sweep;
+mod tree_report;
 mod validate;
 
 pub use chat::{encode_prompt, ChatTemplate};
@@ -34,4 +35,5 @@ pub use plot::write_plots;
 pub use report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
 pub use run::{run_experiment, RunOptions, RunOutcome};
 pub use runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
-pub use sweep::{rotating_strategy, sweep_points, SweepPoint};
+pub use sweep::{max_block, rotating_strategy, sweep_points, SweepPoint};
+pub use tree_report::tree_markdown;

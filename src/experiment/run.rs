@@ -18,6 +18,7 @@ use super::plot::write_plots;
 use super::report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
 use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 use super::sweep::{sweep_points, SweepPoint};
+use super::tree_report::tree_markdown;
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
 
@@ -107,7 +108,8 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     })?;
     let summaries = summarize(&points, &records);
     let checks = format!(
-        "{}\n{}",
+        "{}{}\n{}",
+        tree_markdown(&summaries),
         StrategyCheck::new(&points, &records).markdown(),
         peak_rss_line()
     );

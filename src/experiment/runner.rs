@@ -7,11 +7,11 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
-use super::sweep::{rotating_strategy, SweepPoint};
+use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive, speculative, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
-    NgramDrafter, SamplingParams,
+    autoregressive, speculative, speculative_tree, Drafter, GenParams, GenerationRecord,
+    LanguageModel, ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -167,7 +167,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         points: &[SweepPoint],
         observer: &mut dyn SweepObserver,
     ) -> Result<Vec<ResultRecord>> {
-        let max_gamma = config.max_gamma();
+        // Slack rings must roll back the largest block: a chain's drafts or a tree's nodes.
+        let max_gamma = max_block(config);
         let mut records = Vec::with_capacity(points.len() * self.prompts.len());
         for (index, point) in points.iter().enumerate() {
             observer.point_started(index, points.len(), point);
@@ -186,6 +187,15 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 let target = self.target.as_ref();
                 let generation = match drafter.as_deref_mut() {
                     None => autoregressive(target, &mut cache, &prompt.tokens, &params, &mut rng),
+                    Some(d) if point.is_tree() => {
+                        let tree = TreeParams {
+                            width: point.tree_width,
+                            budget: point.tree_budget.unwrap_or(1),
+                            residual: ResidualRule::Exact,
+                        };
+                        let (tokens, rng) = (&prompt.tokens, &mut rng);
+                        speculative_tree(target, &mut cache, d, tokens, &params, &tree, rng)
+                    }
                     Some(d) => {
                         speculative(target, &mut cache, d, &prompt.tokens, &params, &mut rng)
                     }
