@@ -71,6 +71,19 @@ impl SweepPoint {
         }
     }
 
+    /// γ for tables: `4`, `4 w=2 b=16` for a tree, `—` for autoregressive points.
+    pub fn gamma_label(&self) -> String {
+        match self.gamma {
+            None => "—".into(),
+            Some(g) if self.is_tree() => format!(
+                "{g} w={} b={}",
+                self.tree_width,
+                self.tree_budget.unwrap_or(0)
+            ),
+            Some(g) => g.to_string(),
+        }
+    }
+
     /// True for tree drafting (width > 1); chains keep the chain engine.
     pub fn is_tree(&self) -> bool {
         self.tree_width > 1

@@ -73,14 +73,93 @@ fn rows(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
     Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
 }
 
+/// A tree being drafted: the nodes so far, their cumulative draft probabilities and where
+/// the draft cache holds them.
+struct Growing {
+    tree: DraftTree,
+    /// `cum[i]`: product of the draft probabilities along the path to node `i`.
+    cum: Vec<f32>,
+    /// See [`ModelTreeDraft::block_of`].
+    block_of: Vec<Option<usize>>,
+}
+
+/// A node whose children are being chosen, with its next-token logits.
+type Frontier = Vec<(Option<usize>, Vec<f32>)>;
+
+impl Growing {
+    fn parent_cum(&self, parent: Option<usize>) -> f32 {
+        parent.map_or(1.0, |p| self.cum[p])
+    }
+
+    /// Adds up to `share` children below `frontier` (at most `width` per node) and returns
+    /// the new nodes. Greedy: the `share` children of highest cumulative probability among
+    /// every node's `width` most likely tokens. Sampled: the counts are fixed before drawing,
+    /// `width` per node in frontier order, so the children stay i.i.d. draws from `q`.
+    fn grow(
+        &mut self,
+        frontier: &Frontier,
+        share: usize,
+        width: usize,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Vec<usize> {
+        let mut counts = vec![0usize; frontier.len()];
+        let mut ranked: Vec<Vec<(u32, f32)>> = Vec::new();
+        if sampling.is_greedy() {
+            ranked = frontier
+                .iter()
+                .map(|(_, row)| pick_children(row, width, sampling, rng).0)
+                .collect();
+            for _ in 0..share {
+                let next = |i: usize| {
+                    let (parent, c) = (frontier[i].0, counts[i]);
+                    ranked[i].get(c).map(|&(_, p)| self.parent_cum(parent) * p)
+                };
+                let best = (0..frontier.len())
+                    .filter_map(|i| next(i).map(|v| (i, v)))
+                    .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+                let Some((i, _)) = best else { break };
+                counts[i] += 1;
+            }
+        } else {
+            let mut left = share;
+            for c in counts.iter_mut() {
+                *c = width.min(left);
+                left -= *c;
+            }
+        }
+        let mut added = Vec::new();
+        for (i, (parent, row)) in frontier.iter().enumerate() {
+            if counts[i] == 0 {
+                continue;
+            }
+            let (children, q) = match ranked.get(i) {
+                Some(r) => (r[..counts[i]].to_vec(), None),
+                None => pick_children(row, counts[i], sampling, rng),
+            };
+            self.tree.child_q[parent.map_or(0, |p| p + 1)] = q;
+            let parent_cum = self.parent_cum(*parent);
+            for (token, prob) in children {
+                added.push(self.tree.len());
+                self.tree.tokens.push(token);
+                self.tree.parents.push(*parent);
+                self.tree.child_q.push(None);
+                self.cum.push(parent_cum * prob);
+                self.block_of.push(None);
+            }
+        }
+        added
+    }
+}
+
 impl<M: LanguageModel> ModelDrafter<M> {
-    /// Drafts a tree of `shape` after `context`. Level by level: every frontier node (most
-    /// probable first) gets up to `width` children while fewer than `budget` nodes exist;
-    /// then the `width` new nodes of highest cumulative draft probability form the next
-    /// frontier and are fed to the draft model in ONE forward, inside the draft cache's
-    /// speculation, as tree nodes (each sees the history and its ancestors). Leaves of the
-    /// last level are never fed. Width 1 drafts exactly the chain [`super::Drafter::propose`]
-    /// drafts, with the same forwards.
+    /// Drafts a tree of `shape` after `context`, level by level (dynamic expansion by
+    /// cumulative draft probability, as EAGLE-2): each level gets an equal share of the
+    /// remaining `budget` (`ceil(left / levels left)`), spent on the most probable children
+    /// (see [`Growing::grow`]); all new nodes but the last level's are then fed to the draft
+    /// model in ONE forward, inside the draft cache's speculation, as tree nodes (each sees
+    /// the history and its ancestors). Width 1 drafts exactly the chain
+    /// [`super::Drafter::propose`] drafts, with the same forwards.
     pub(super) fn draft_tree<'a>(
         &'a mut self,
         context: &[u32],
@@ -88,15 +167,19 @@ impl<M: LanguageModel> ModelDrafter<M> {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn TreeDraft + 'a>> {
-        let mut tree = DraftTree {
-            child_q: vec![None],
-            ..DraftTree::default()
+        let mut g = Growing {
+            tree: DraftTree {
+                child_q: vec![None],
+                ..DraftTree::default()
+            },
+            cum: Vec::new(),
+            block_of: Vec::new(),
         };
         if self.cache.offset() >= context.len() {
             self.cache.reset();
         }
         let empty = shape.depth == 0 || shape.width == 0 || shape.budget == 0;
-        let mut frontier: Vec<(Option<usize>, Vec<f32>)> = Vec::new();
+        let mut frontier: Frontier = Vec::new();
         if !empty && !context.is_empty() {
             // Committed tokens the draft has not seen yet (at least the last one).
             let fresh = &context[self.cache.offset()..];
@@ -105,38 +188,20 @@ impl<M: LanguageModel> ModelDrafter<M> {
             frontier.extend(rows(&logits)?.pop().map(|row| (None, row)));
         }
         let mut spec = self.cache.speculate()?;
-        let mut cum: Vec<f32> = Vec::new();
-        let mut block_of: Vec<Option<usize>> = Vec::new();
         for level in 1..=shape.depth {
-            let mut added = Vec::new();
-            for (parent, row) in &frontier {
-                let k = shape.width.min(shape.budget - tree.len());
-                if k == 0 {
-                    break;
-                }
-                let (children, q) = pick_children(row, k, sampling, rng);
-                tree.child_q[parent.map_or(0, |p| p + 1)] = q;
-                let parent_cum = parent.map_or(1.0, |p| cum[p]);
-                for (token, prob) in children {
-                    added.push(tree.len());
-                    tree.tokens.push(token);
-                    tree.parents.push(*parent);
-                    tree.child_q.push(None);
-                    cum.push(parent_cum * prob);
-                    block_of.push(None);
-                }
-            }
+            let left = shape.budget.saturating_sub(g.tree.len());
+            let share = left.div_ceil(shape.depth - level + 1);
+            let mut added = g.grow(&frontier, share, shape.width, sampling, rng);
             if added.is_empty() || level == shape.depth {
                 break;
             }
-            // The most probable new nodes are expanded (stable: ties keep drafting order).
-            added.sort_by(|&a, &b| cum[b].total_cmp(&cum[a]));
-            added.truncate(shape.width);
+            // Most probable first (stable: ties keep drafting order).
+            added.sort_by(|&a, &b| g.cum[b].total_cmp(&g.cum[a]));
             let parents: Vec<Option<usize>> = added
                 .iter()
-                .map(|&n| tree.parents[n].and_then(|p| block_of[p]))
+                .map(|&n| g.tree.parents[n].and_then(|p| g.block_of[p]))
                 .collect();
-            let tokens: Vec<u32> = added.iter().map(|&n| tree.tokens[n]).collect();
+            let tokens: Vec<u32> = added.iter().map(|&n| g.tree.tokens[n]).collect();
             let first = spec.appended();
             spec.extend_tree(&parents)?;
             let logits = self.model.forward(&tokens, spec.cache())?;
@@ -148,13 +213,13 @@ impl<M: LanguageModel> ModelDrafter<M> {
                 .zip(rows(&logits)?)
                 .collect();
             for (r, &n) in added.iter().enumerate() {
-                block_of[n] = Some(first + r);
+                g.block_of[n] = Some(first + r);
             }
         }
         Ok(Box::new(ModelTreeDraft {
             spec,
-            tree,
-            block_of,
+            tree: g.tree,
+            block_of: g.block_of,
         }))
     }
 }
