@@ -10,8 +10,8 @@ use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, LanguageModel,
-    ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, ModelDrafter,
+    NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
 fn load(name: &str) -> Model {
