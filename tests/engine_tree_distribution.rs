@@ -14,8 +14,8 @@ use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
-    speculative_tree, GammaPolicy, GenParams, LanguageModel, ModelDrafter, ResidualRule,
-    SamplingParams, TreeParams,
+    speculative_tree, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
+    ResidualRule, SamplingParams, TreeParams,
 };
 
 const VOCAB: usize = 5;
@@ -88,16 +88,21 @@ fn chi_square(
 
 const PROMPT: [u32; 2] = [1, 3];
 
-/// Samples `RUNS` generations of tree speculation; returns the observed sequences and the
-/// steps in which a sibling other than the first child was accepted.
+/// One sampled setting: the target's scale, the drafter, the prompt.
+struct Case<'a> {
+    target_scale: f32,
+    drafter: &'a mut dyn Drafter,
+    prompt: &'a [u32],
+}
+
+/// Samples `RUNS` generations of tree speculation; returns the observed sequences.
 fn sample_runs(
+    case: &mut Case,
     strategy: RotatingStrategy,
     sampling: SamplingParams,
     tree: TreeParams,
-) -> (HashMap<Vec<u32>, usize>, usize) {
-    let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
-    let draft = Arc::new(Toy::new(VOCAB, 8, 99, 1.5, None));
-    let mut drafter = ModelDrafter::new("draft", draft, strategy, None).unwrap();
+) -> HashMap<Vec<u32>, usize> {
+    let target = Toy::new(VOCAB, 8, 21, case.target_scale, Some(4));
     let params = GenParams {
         max_new_tokens: NEW,
         sampling,
@@ -112,8 +117,8 @@ fn sample_runs(
         let r = speculative_tree(
             &target,
             &mut cache,
-            &mut drafter,
-            &PROMPT,
+            case.drafter,
+            case.prompt,
             &params,
             &tree,
             &mut rng,
@@ -127,7 +132,12 @@ fn sample_runs(
         accepted > 0 && accepted < proposed,
         "both acceptances and rejections occur: {accepted}/{proposed}"
     );
-    (observed, accepted)
+    observed
+}
+
+fn draft_drafter(strategy: RotatingStrategy) -> ModelDrafter<Toy> {
+    let draft = Arc::new(Toy::new(VOCAB, 8, 99, 1.5, None));
+    ModelDrafter::new("draft", draft, strategy, None).unwrap()
 }
 
 fn settings() -> [SamplingParams; 3] {
@@ -167,7 +177,13 @@ fn sampled_tree_speculation_samples_the_target_distribution() {
         RotatingStrategy::Slack { max_draft: 8 },
     ] {
         for sampling in settings() {
-            let (observed, _) = sample_runs(strategy, sampling, tree(ResidualRule::Exact));
+            let mut drafter = draft_drafter(strategy);
+            let mut case = Case {
+                target_scale: 1.5,
+                drafter: &mut drafter,
+                prompt: &PROMPT,
+            };
+            let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
             let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
             assert!(
                 stat < critical(df),
@@ -183,15 +199,44 @@ fn sampled_tree_speculation_samples_the_target_distribution() {
     }
 }
 
+/// Deterministic siblings (n-gram continuations merged into a trie) under sampled
+/// verification: `q` is one-hot, the residual drops each rejected sibling.
+#[test]
+fn ngram_tree_speculation_samples_the_target_distribution() {
+    // Repeats in the prompt give the lookup several continuations; a flatter target, so
+    // that they are accepted often enough.
+    let prompt = [1, 2, 3, 1, 2, 4, 1, 2, 0, 3, 1, 2];
+    let target = Toy::new(VOCAB, 8, 21, 0.4, Some(4));
+    for sampling in settings() {
+        let mut drafter = NgramDrafter::new("ngram", 1, 2).unwrap();
+        let mut case = Case {
+            target_scale: 0.4,
+            drafter: &mut drafter,
+            prompt: &prompt,
+        };
+        let strategy = RotatingStrategy::Staged;
+        let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
+        let (stat, df) = chi_square(&observed, &exact(&target, &prompt, &sampling));
+        assert!(
+            stat < critical(df),
+            "{sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
+            critical(df)
+        );
+    }
+}
+
 #[test]
 fn an_unchanged_residual_is_rejected() {
     let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
     let sampling = settings()[0];
-    let (observed, _) = sample_runs(
-        RotatingStrategy::Staged,
-        sampling,
-        tree(ResidualRule::Unchanged),
-    );
+    let strategy = RotatingStrategy::Staged;
+    let mut drafter = draft_drafter(strategy);
+    let mut case = Case {
+        target_scale: 1.5,
+        drafter: &mut drafter,
+        prompt: &PROMPT,
+    };
+    let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Unchanged));
     let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
     assert!(
         stat > critical(df),

@@ -13,6 +13,7 @@ mod decode;
 mod drafter;
 mod metrics;
 mod ngram;
+mod ngram_tree;
 mod sampling;
 mod tree;
 mod tree_decode;

@@ -122,6 +122,18 @@ impl TreeDraft for ChainTree<'_> {
     }
 }
 
+/// A tree with nothing tentative to keep (model-free drafters).
+pub(crate) struct FixedTree(pub DraftTree);
+
+impl TreeDraft for FixedTree {
+    fn tree(&self) -> &DraftTree {
+        &self.0
+    }
+    fn finish(self: Box<Self>, _path: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// How the target distribution changes after a candidate is rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResidualRule {
