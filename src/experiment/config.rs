@@ -110,7 +110,7 @@ impl Default for TargetConfig {
     }
 }
 
-/// `kind = "model" | "ngram"`.
+/// `kind = "model" | "ngram" | "oracle"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DrafterKind {
@@ -118,6 +118,10 @@ pub enum DrafterKind {
     Model,
     /// Prompt lookup: copy what followed the last match of the context's suffix.
     Ngram,
+    /// Synthetic acceptance for speed studies: the target's own greedy continuation, each
+    /// token kept with probability `alpha` (greedy sampling only); with `path`, a draft
+    /// model's forwards are run for their cost.
+    Oracle,
 }
 
 /// `[drafters.<name>]`. Which keys apply depends on `kind`; `validate` rejects the others.
@@ -126,9 +130,13 @@ pub enum DrafterKind {
 pub struct DrafterConfig {
     /// What drafts.
     pub kind: DrafterKind,
-    /// `model`: the draft's Hugging Face directory.
+    /// `model`: the draft's Hugging Face directory; `oracle` (optional): a model whose
+    /// forwards are run for their cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// `oracle`: probability that each proposed token is the target's own (in `[0, 1]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
     /// `model`: stop drafting when the draft's probability of its token falls below this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,

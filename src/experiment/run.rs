@@ -21,6 +21,7 @@ use super::sweep::{sweep_points, SweepPoint};
 use super::tree_report::tree_markdown;
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
+use crate::speculative::ReferenceStore;
 
 /// How to run an experiment.
 #[derive(Debug, Clone, Default)]
@@ -160,7 +161,7 @@ fn load_drafts(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
-        if let (DrafterKind::Model, Some(path)) = (d.kind, &d.path) {
+        if let (DrafterKind::Model | DrafterKind::Oracle, Some(path)) = (d.kind, &d.path) {
             let draft = LoadedModel::load(path, load)?;
             check_vocabulary(name, (target, tokenizer), &draft)?;
             drafts.insert(name.to_string(), draft);
@@ -174,6 +175,8 @@ fn draft_sources(
     mut models: BTreeMap<String, LoadedModel>,
 ) -> BTreeMap<String, DraftSource<LoadedModel>> {
     let mut sources = BTreeMap::new();
+    // One store of greedy references for every oracle of the run.
+    let references = ReferenceStore::default();
     for name in config.used_drafters() {
         let Some(d) = config.drafters.get(name) else {
             continue;
@@ -182,6 +185,11 @@ fn draft_sources(
             (DrafterKind::Model, Some(model)) => DraftSource::Model {
                 model: Arc::new(model),
                 confidence: d.confidence,
+            },
+            (DrafterKind::Oracle, cost) => DraftSource::Oracle {
+                alpha: d.alpha.unwrap_or(1.0),
+                cost: cost.map(Arc::new),
+                references: references.clone(),
             },
             _ => {
                 let (min_ngram, max_ngram) = d.ngram_sizes();

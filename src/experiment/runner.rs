@@ -11,7 +11,8 @@ use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
     autoregressive, speculative, speculative_tree, Drafter, GenParams, GenerationRecord,
-    LanguageModel, ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+    LanguageModel, ModelDrafter, NgramDrafter, OracleDrafter, ReferenceStore, ResidualRule,
+    SamplingParams, TreeParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -22,6 +23,15 @@ pub enum DraftSource<M> {
         model: Arc<M>,
         /// Stop drafting below this probability.
         confidence: Option<f32>,
+    },
+    /// The oracle: the target's greedy continuation kept with probability `alpha`.
+    Oracle {
+        /// Per-token acceptance.
+        alpha: f64,
+        /// A model whose forwards are run for their cost.
+        cost: Option<Arc<M>>,
+        /// Greedy references by prompt, shared by the run's oracles.
+        references: ReferenceStore,
     },
     /// Prompt lookup.
     Ngram {
@@ -187,18 +197,20 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 let target = self.target.as_ref();
                 let generation = match drafter.as_deref_mut() {
                     None => autoregressive(target, &mut cache, &prompt.tokens, &params, &mut rng),
-                    Some(d) if point.is_tree() => {
-                        let tree = TreeParams {
-                            width: point.tree_width,
-                            budget: point.tree_budget.unwrap_or(1),
-                            residual: ResidualRule::Exact,
-                        };
-                        let (tokens, rng) = (&prompt.tokens, &mut rng);
-                        speculative_tree(target, &mut cache, d, tokens, &params, &tree, rng)
-                    }
-                    Some(d) => {
-                        speculative(target, &mut cache, d, &prompt.tokens, &params, &mut rng)
-                    }
+                    Some(d) => d
+                        .prepare(&prompt.tokens, params.max_new_tokens)
+                        .and_then(|()| {
+                            let (tokens, rng) = (&prompt.tokens, &mut rng);
+                            if !point.is_tree() {
+                                return speculative(target, &mut cache, d, tokens, &params, rng);
+                            }
+                            let tree = TreeParams {
+                                width: point.tree_width,
+                                budget: point.tree_budget.unwrap_or(1),
+                                residual: ResidualRule::Exact,
+                            };
+                            speculative_tree(target, &mut cache, d, tokens, &params, &tree, rng)
+                        }),
                 }
                 .map_err(|e| {
                     Error::invalid(format!("{} on prompt {}: {e}", point.label(), prompt.id))
@@ -241,6 +253,17 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 min_ngram,
                 max_ngram,
             } => Box::new(NgramDrafter::new(name, *min_ngram, *max_ngram)?),
+            DraftSource::Oracle {
+                alpha,
+                cost,
+                references,
+            } => Box::new(OracleDrafter::new(
+                name,
+                Arc::clone(&self.target),
+                *alpha,
+                cost.as_ref().map(|m| (Arc::clone(m), strategy)),
+                Arc::clone(references),
+            )?),
         }))
     }
 }

@@ -26,6 +26,12 @@ pub trait Draft {
 pub trait Drafter {
     /// A short name for reports.
     fn name(&self) -> &str;
+    /// Untimed per-prompt setup, called by the runner before a generation from `prompt` of
+    /// at most `max_new_tokens` tokens (the oracle computes its reference here). No-op by
+    /// default.
+    fn prepare(&mut self, _prompt: &[u32], _max_new_tokens: usize) -> Result<()> {
+        Ok(())
+    }
     /// Forgets per-sequence state before a new prompt.
     fn reset(&mut self) -> Result<()>;
     /// Proposes up to `max` tokens after `context` (every committed token, prompt included).
