@@ -10,8 +10,8 @@
 #   3. A link folder with unversioned library names pointing at the wheels' versioned ones.
 #   4. `cargo build --release --features cuda` of `exp`, the tests and the benches into
 #      target-cuda/ (its own target folder, so CPU builds are not invalidated).
-#   5. Stripped, xz-compressed copies in .cuda/dist/ (bin/exp.xz, tests/*.xz, benches/*.xz),
-#      small enough to travel (the whole tree must stay under 64 MiB).
+#   5. Stripped copies packed into one archive, .cuda/dist/specdec-cuda.tar.xz
+#      (small enough to travel: the whole tree must stay under 64 MiB).
 #
 # Usage: scripts/build-cuda.sh [--check]   (--check: only `cargo check --features cuda
 #        --all-targets`, as CI runs it; no binaries)
@@ -90,30 +90,37 @@ echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO
 cargo build --release --features cuda --bins --tests --benches
 msgs=$(cargo build --release --features cuda --bins --tests --benches --message-format=json 2>/dev/null)
 
-# 5. Strip and compress what will travel.
-rm -rf "$dist"; mkdir -p "$dist/bin" "$dist/tests" "$dist/benches"
+# 5. Strip, then pack every binary into one solid xz archive: each carries the same ~33 MB of
+#    candle's GPU code, which a 256 MiB dictionary stores once (one binary alone is ~7 MB
+#    compressed; all of them together stay small enough to travel).
+stage=$cuda_dir/stage
+rm -rf "$dist" "$stage"; mkdir -p "$dist" "$stage/bin" "$stage/tests" "$stage/benches"
 echo "$msgs" | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
-    t = m["target"]; kind = t["kind"][0]
-    if m["package_id"].split("#")[0].split("/")[-1].startswith("specdec") or "specdec" in m["package_id"]:
-        folder = {"bin": "bin", "test": "tests", "bench": "benches"}.get(kind)
-        if folder is None and m["profile"]["test"]:
-            folder = "tests"  # the lib unit tests
-        if folder:
-            print(folder, t["name"], m["executable"])
+    if not m["package_id"].split("#")[0].rstrip("/").endswith("/specdec") and "specdec" not in m["package_id"]:
+        continue
+    t = m["target"]
+    kind = t["kind"][0]
+    if m["profile"]["test"]:
+        # Test harnesses: the integration tests and the library unit tests (a binary target's
+        # unit-test harness would share the name of the binary; it has no tests).
+        folder = {"test": "tests", "lib": "tests"}.get(kind)
+    else:
+        folder = {"bin": "bin", "bench": "benches"}.get(kind)
+    if folder:
+        print(folder, t["name"], m["executable"])
 ' | while read -r folder name exe; do
-  strip -o "$dist/$folder/$name" "$exe"
-  xz -T0 -6 -f "$dist/$folder/$name"
+  strip -o "$stage/$folder/$name" "$exe"
 done
-# Test binaries read fixtures under the manifest folder baked in at compile time, and find
-# `exp` at <target>/release/exp: the unpack script recreates both on the GPU machine.
-echo "$root" > "$dist/manifest-dir"
-git rev-parse --short HEAD > "$dist/commit" 2>/dev/null || true
-echo "$CARGO_TARGET_DIR" > "$dist/target-dir"
-du -sh "$dist"
-ls -la "$dist"/*
-echo "== done: $dist (unpack on the GPU machine with scripts/gpu-unpack.sh)"
+echo "$root" > "$stage/manifest-dir"
+echo "$CARGO_TARGET_DIR" > "$stage/target-dir"
+git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+echo "== packing $(du -sh "$stage" | cut -f1) into $dist/specdec-cuda.tar.xz"
+tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=6,dict=256MiB > "$dist/specdec-cuda.tar.xz"
+rm -rf "$stage"
+ls -la "$dist"
+echo "== done: carry $dist; on the GPU machine run scripts/gpu-unpack.sh"

@@ -19,7 +19,7 @@ status=0
   echo
   echo "* date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "* device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo unknown)"
-  echo "* build: \`scripts/build-cuda.sh\` (commit $(cat .cuda/dist/commit 2>/dev/null || echo unknown)), run by \`scripts/gpu-tests.sh\`"
+  echo "* build: \`scripts/build-cuda.sh\` (commit $(cat .cuda/run/commit 2>/dev/null || echo unknown)), run by \`scripts/gpu-tests.sh\`"
   echo "* SPECDEC_TEST_DEVICE=$SPECDEC_TEST_DEVICE"
   echo
   echo "| test binary | dtype | result |"

@@ -8,21 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 dist=.cuda/dist
-[ -d "$dist" ] || { echo "error: $dist missing: run scripts/build-cuda.sh and carry .cuda/dist" >&2; exit 1; }
-unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; chmod +x "$2"; }
-for folder in bin tests benches; do
-  mkdir -p ".cuda/run/$folder"
-  for f in "$dist/$folder"/*.xz; do
-    [ -e "$f" ] || continue
-    unxz "$f" ".cuda/run/$folder/$(basename "$f" .xz)"
-  done
-done
-built=$(cat "$dist/manifest-dir")
+run=.cuda/run
+[ -f "$dist/specdec-cuda.tar.xz" ] || { echo "error: $dist/specdec-cuda.tar.xz missing: run scripts/build-cuda.sh and carry .cuda/dist" >&2; exit 1; }
+rm -rf "$run"; mkdir -p "$run"
+python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+  "$dist/specdec-cuda.tar.xz" "$run"
+built=$(cat "$run/manifest-dir")
 if [ "$built" != "$root" ] && [ ! -e "$built" ]; then
   mkdir -p "$(dirname "$built")"
   ln -s "$root" "$built"
 fi
-target=$(cat "$dist/target-dir")
+target=$(cat "$run/target-dir")
 mkdir -p "$target/release"
-cp .cuda/run/bin/exp "$target/release/exp"
-echo "unpacked: $(ls .cuda/run/bin .cuda/run/tests .cuda/run/benches | tr '\n' ' ')"
+cp "$run/bin/exp" "$target/release/exp"
+echo "unpacked (commit $(cat "$run/commit")): $(ls "$run"/bin "$run"/tests "$run"/benches | tr '\n' ' ')"

@@ -72,6 +72,9 @@ fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
         for (gamma, width, budget) in SHAPES {
             let drafters: Vec<Box<dyn Drafter>> = vec![
                 Box::new(ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap()),
+                Box::new(
+                    ModelDrafter::new("draft-conf", draft.clone(), strategy, Some(0.5)).unwrap(),
+                ),
                 Box::new(NgramDrafter::new("ngram", 1, 3).unwrap()),
             ];
             for mut d in drafters {
@@ -97,15 +100,23 @@ fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
     }
 }
 
+/// Step for step, with and without a confidence threshold (which stops chains and prunes
+/// trees before the same positions).
 #[test]
 fn a_tree_of_width_one_is_the_chain() {
+    for confidence in [None, Some(0.4), Some(0.8)] {
+        width_one_is_the_chain(confidence);
+    }
+}
+
+fn width_one_is_the_chain(confidence: Option<f32>) {
     let target = load("target");
     let draft = Arc::new(load("draft"));
     let p = prompt("import os\n\n\ndef ");
     let strategy = RotatingStrategy::Staged;
     let mut cache = target.new_cache(strategy).unwrap();
     let mut rng = StdRng::seed_from_u64(0);
-    let mut d = ModelDrafter::new("draft", draft, strategy, None).unwrap();
+    let mut d = ModelDrafter::new("draft", draft, strategy, confidence).unwrap();
     let params = greedy(120, 4);
     let chain = speculative(&target, &mut cache, &mut d, &p, &params, &mut rng).unwrap();
     let as_tree = speculative_tree(
@@ -118,9 +129,16 @@ fn a_tree_of_width_one_is_the_chain() {
         &mut rng,
     )
     .unwrap();
-    assert_eq!(as_tree.output_ids, chain.output_ids);
-    assert_eq!(as_tree.accepted, chain.accepted, "accepted per step");
-    assert_eq!(as_tree.proposed, chain.proposed, "proposed per step");
-    assert_eq!(as_tree.draft_forwards, chain.draft_forwards);
-    assert_eq!(as_tree.target_forwards, chain.target_forwards);
+    let c = format!("confidence {confidence:?}");
+    assert_eq!(as_tree.output_ids, chain.output_ids, "{c}");
+    assert_eq!(as_tree.accepted, chain.accepted, "accepted per step, {c}");
+    assert_eq!(as_tree.proposed, chain.proposed, "proposed per step, {c}");
+    assert_eq!(as_tree.draft_forwards, chain.draft_forwards, "{c}");
+    assert_eq!(as_tree.target_forwards, chain.target_forwards, "{c}");
+    if confidence == Some(0.8) {
+        assert!(
+            chain.proposed.iter().any(|&p| p < 4),
+            "the threshold stops some chains early"
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //! the first three tokens of tree speculative sampling (i.i.d. sampled siblings tried in turn
 //! with multi-candidate rejection sampling, corrections and bonus tokens) is compared with
 //! the target's exact distribution by a chi-square test at significance 0.001, on rotating
-//! caches of both strategies, at T = 1 and with top-k and top-p. The same test must reject
+//! caches of both strategies, at T = 1 and with top-k and top-p, and with the draft model's
+//! confidence threshold pruning the tree. The same test must reject
 //! the naive rule that keeps `p` unchanged after a sibling is rejected, and the draft's own
 //! distribution, which shows it has power.
 mod common;
@@ -32,10 +33,15 @@ fn critical(df: usize) -> f64 {
     d * t * t * t
 }
 
-/// Exact probability of every sequence of `NEW` tokens after `prompt` under `model`.
-fn exact(model: &Toy, prompt: &[u32], sampling: &SamplingParams) -> HashMap<Vec<u32>, f64> {
+/// Exact probability of every sequence of `new` tokens after `prompt` under `model`.
+fn exact(
+    model: &Toy,
+    prompt: &[u32],
+    sampling: &SamplingParams,
+    new: usize,
+) -> HashMap<Vec<u32>, f64> {
     let mut dist = HashMap::from([(Vec::new(), 1.0)]);
-    for _ in 0..NEW {
+    for _ in 0..new {
         let mut next = HashMap::new();
         for (seq, p) in dist {
             let mut ctx = prompt.to_vec();
@@ -88,11 +94,12 @@ fn chi_square(
 
 const PROMPT: [u32; 2] = [1, 3];
 
-/// One sampled setting: the target's scale, the drafter, the prompt.
+/// One sampled setting: the target's scale, the drafter, the prompt, the new tokens.
 struct Case<'a> {
     target_scale: f32,
     drafter: &'a mut dyn Drafter,
     prompt: &'a [u32],
+    new: usize,
 }
 
 /// Samples `RUNS` generations of tree speculation; returns the observed sequences.
@@ -104,7 +111,7 @@ fn sample_runs(
 ) -> HashMap<Vec<u32>, usize> {
     let target = Toy::new(VOCAB, 8, 21, case.target_scale, Some(4));
     let params = GenParams {
-        max_new_tokens: NEW,
+        max_new_tokens: case.new,
         sampling,
         gamma: GammaPolicy::Fixed(2),
         stop_at_eos: false,
@@ -136,8 +143,12 @@ fn sample_runs(
 }
 
 fn draft_drafter(strategy: RotatingStrategy) -> ModelDrafter<Toy> {
+    confident_drafter(strategy, None)
+}
+
+fn confident_drafter(strategy: RotatingStrategy, confidence: Option<f32>) -> ModelDrafter<Toy> {
     let draft = Arc::new(Toy::new(VOCAB, 8, 99, 1.5, None));
-    ModelDrafter::new("draft", draft, strategy, None).unwrap()
+    ModelDrafter::new("draft", draft, strategy, confidence).unwrap()
 }
 
 fn settings() -> [SamplingParams; 3] {
@@ -182,15 +193,16 @@ fn sampled_tree_speculation_samples_the_target_distribution() {
                 target_scale: 1.5,
                 drafter: &mut drafter,
                 prompt: &PROMPT,
+                new: NEW,
             };
             let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
-            let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
+            let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, NEW));
             assert!(
                 stat < critical(df),
                 "{strategy:?} {sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
                 critical(df)
             );
-            let (stat, df) = chi_square(&observed, &exact(&draft, &PROMPT, &sampling));
+            let (stat, df) = chi_square(&observed, &exact(&draft, &PROMPT, &sampling, NEW));
             assert!(
                 stat > critical(df),
                 "the test cannot tell target from draft: {stat:.1} (df {df})"
@@ -213,10 +225,11 @@ fn ngram_tree_speculation_samples_the_target_distribution() {
             target_scale: 0.4,
             drafter: &mut drafter,
             prompt: &prompt,
+            new: NEW,
         };
         let strategy = RotatingStrategy::Staged;
         let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
-        let (stat, df) = chi_square(&observed, &exact(&target, &prompt, &sampling));
+        let (stat, df) = chi_square(&observed, &exact(&target, &prompt, &sampling, NEW));
         assert!(
             stat < critical(df),
             "{sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
@@ -235,12 +248,66 @@ fn an_unchanged_residual_is_rejected() {
         target_scale: 1.5,
         drafter: &mut drafter,
         prompt: &PROMPT,
+        new: NEW,
     };
     let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Unchanged));
-    let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling));
+    let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, NEW));
     assert!(
         stat > critical(df),
         "the naive residual went unnoticed: chi-square {stat:.1} < {:.1} (df {df})",
         critical(df)
     );
+}
+
+/// The draft model's confidence threshold prunes trees (no children below a node whose
+/// largest draft probability is under it) without changing the output distribution. Four
+/// new tokens, so that the first step drafts two levels and the threshold can cut the second.
+#[test]
+fn a_confidence_threshold_keeps_the_target_distribution() {
+    const DEEP: usize = 4;
+    let target = Toy::new(VOCAB, 8, 21, 1.5, Some(4));
+    let strategy = RotatingStrategy::Slack { max_draft: 8 };
+    for sampling in settings() {
+        // The threshold cuts some first trees to one level, not all.
+        let mut drafter = confident_drafter(strategy, Some(0.7));
+        let params = GenParams {
+            max_new_tokens: DEEP,
+            sampling,
+            gamma: GammaPolicy::Fixed(2),
+            stop_at_eos: false,
+        };
+        let mut cache = target.new_cache(strategy).unwrap();
+        let mut depths = [0usize; 3];
+        for seed in 0..200 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let r = speculative_tree(
+                &target,
+                &mut cache,
+                &mut drafter,
+                &PROMPT,
+                &params,
+                &tree(ResidualRule::Exact),
+                &mut rng,
+            )
+            .unwrap();
+            depths[r.proposed[0]] += 1;
+        }
+        assert!(
+            depths[1] > 0 && depths[2] > 0,
+            "{sampling:?}: first-tree depths {depths:?}"
+        );
+        let mut case = Case {
+            target_scale: 1.5,
+            drafter: &mut drafter,
+            prompt: &PROMPT,
+            new: DEEP,
+        };
+        let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
+        let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, DEEP));
+        assert!(
+            stat < critical(df),
+            "{sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
+            critical(df)
+        );
+    }
 }

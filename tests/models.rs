@@ -828,7 +828,7 @@ fn forward_refuses_bad_input() {
 
 // ---------------------------------------------------------------- transformers fixtures
 
-const FIXTURE_CASES: [&str; 7] = [
+const FIXTURE_CASES: [&str; 9] = [
     "llama",
     "llama_tied",
     "mistral",
@@ -836,6 +836,8 @@ const FIXTURE_CASES: [&str; 7] = [
     "qwen3",
     "gemma3",
     "gemma3_nosoftcap",
+    "gemma3_linear",
+    "qwen2_sliding",
 ];
 
 #[derive(serde::Deserialize)]

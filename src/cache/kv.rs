@@ -45,6 +45,13 @@ impl KvSnapshot {
         self.to
     }
 
+    /// Bytes of K/V held.
+    pub fn bytes(&self) -> usize {
+        self.data
+            .as_ref()
+            .map_or(0, |(k, v)| tensor_bytes(k) + tensor_bytes(v))
+    }
+
     /// Joins `[a, b)` and `[b, c)` into `[a, c)`; refused when the ranges are not adjacent.
     pub fn merge(&self, child: &KvSnapshot) -> Result<KvSnapshot> {
         if self.to != child.from {
@@ -323,6 +330,10 @@ pub(crate) fn tree_positions(
     (appended..appended + t)
         .map(|i| base + tree.depth(i))
         .collect()
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
 }
 
 fn bad(msg: &str) -> crate::error::Error {

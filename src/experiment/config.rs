@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use serde::de::{self, IntoDeserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use super::config_prefix::{PrefixCacheConfig, TurnsChoice};
+
 /// One experiment: models, drafters, prompts and the sweep whose cartesian product is run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +48,9 @@ pub struct ExperimentConfig {
     /// The grid of settings.
     #[serde(default)]
     pub sweep: SweepConfig,
+    /// Reuse of shared prompt prefixes across generations.
+    #[serde(default)]
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 fn default_name() -> String {
@@ -137,7 +142,8 @@ pub struct DrafterConfig {
     /// `oracle`: probability that each proposed token is the target's own (in `[0, 1]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,
-    /// `model`: stop drafting when the draft's probability of its token falls below this.
+    /// `model`: stop drafting before a position where the draft's largest probability is below
+    /// this (decided before sampling, so lossless at any temperature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,
     /// `ngram`: shortest suffix to match (default 1).
@@ -169,6 +175,9 @@ pub struct DatasetConfig {
     /// Wrap the first turn in the target's chat template before encoding.
     #[serde(default)]
     pub chat_template: bool,
+    /// Which user turns to generate for: `first`, or `all` (conversations).
+    #[serde(default)]
+    pub turns: TurnsChoice,
 }
 
 fn default_dataset_path() -> PathBuf {
@@ -182,6 +191,7 @@ impl Default for DatasetConfig {
             limit: None,
             categories: None,
             chat_template: false,
+            turns: TurnsChoice::First,
         }
     }
 }

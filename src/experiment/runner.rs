@@ -7,12 +7,12 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
+use super::conversation::{prefix_store, Conversations, PointRun};
 use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive, speculative, speculative_tree, Drafter, GenParams, GenerationRecord,
-    LanguageModel, ModelDrafter, NgramDrafter, OracleDrafter, ReferenceStore, ResidualRule,
-    SamplingParams, TreeParams,
+    autoregressive, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
+    NgramDrafter, OracleDrafter, ReferenceStore, SamplingParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -80,6 +80,9 @@ pub struct ResultRecord {
     pub settings: SweepPoint,
     /// The dataset's prompt id.
     pub prompt_id: String,
+    /// The user turn generated for (1 = the first; later turns continue the conversation).
+    #[serde(default = "first_turn")]
+    pub turn: usize,
     /// The dataset's category.
     pub category: Option<String>,
     /// Seed of this generation's RNG.
@@ -97,13 +100,23 @@ pub struct ResultRecord {
     pub tokens_per_s: f64,
 }
 
+fn first_turn() -> usize {
+    1
+}
+
 impl ResultRecord {
-    fn new(point_index: usize, point: &SweepPoint, prompt: &EncodedPrompt, seed: u64) -> Self {
+    pub(super) fn new(
+        point_index: usize,
+        point: &SweepPoint,
+        prompt: &EncodedPrompt,
+        seed: u64,
+    ) -> Self {
         Self {
             point: point_index,
             label: point.label(),
             settings: point.clone(),
             prompt_id: prompt.id.clone(),
+            turn: 1,
             category: prompt.category.clone(),
             seed,
             prompt_tokens: prompt.tokens.len(),
@@ -114,7 +127,7 @@ impl ResultRecord {
         }
     }
 
-    fn fill(&mut self, g: GenerationRecord, text: String) {
+    pub(super) fn fill(&mut self, g: GenerationRecord, text: String) {
         self.new_tokens = g.new_tokens();
         self.tokens_per_s = g.tokens_per_s();
         self.output_text = text;
@@ -177,49 +190,41 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         points: &[SweepPoint],
         observer: &mut dyn SweepObserver,
     ) -> Result<Vec<ResultRecord>> {
+        self.run_with(config, points, observer, None)
+    }
+
+    /// [`Session::run`], with every turn of each prompt when `conversations` is given (one
+    /// record per turn, in turn order).
+    pub fn run_with(
+        &self,
+        config: &ExperimentConfig,
+        points: &[SweepPoint],
+        observer: &mut dyn SweepObserver,
+        conversations: Option<&Conversations<'_>>,
+    ) -> Result<Vec<ResultRecord>> {
         // Slack rings must roll back the largest block: a chain's drafts or a tree's nodes.
         let max_gamma = max_block(config);
         let mut records = Vec::with_capacity(points.len() * self.prompts.len());
         for (index, point) in points.iter().enumerate() {
             observer.point_started(index, points.len(), point);
             let strategy = rotating_strategy(point.cache, max_gamma);
-            let mut cache = self.target.new_cache(strategy)?;
-            let mut drafter = self.drafter(point, strategy)?;
-            let params = GenParams {
-                max_new_tokens: config.max_new_tokens,
-                sampling: point.sampling(),
-                gamma: point.gamma_policy(config.sweep.adaptive),
-                stop_at_eos: config.stop_at_eos,
+            let mut run = PointRun {
+                index,
+                point,
+                seq: self.sequence(config, point, strategy)?,
+                drafter: self.drafter(config, point, strategy)?,
+                params: GenParams {
+                    max_new_tokens: config.max_new_tokens,
+                    sampling: point.sampling(),
+                    gamma: point.gamma_policy(config.sweep.adaptive),
+                    stop_at_eos: config.stop_at_eos,
+                },
             };
-            for prompt in &self.prompts {
-                let seed = point.generation_seed(config.seed, &prompt.id);
-                let mut rng = StdRng::seed_from_u64(seed);
-                let target = self.target.as_ref();
-                let generation = match drafter.as_deref_mut() {
-                    None => autoregressive(target, &mut cache, &prompt.tokens, &params, &mut rng),
-                    Some(d) => d
-                        .prepare(&prompt.tokens, params.max_new_tokens)
-                        .and_then(|()| {
-                            let (tokens, rng) = (&prompt.tokens, &mut rng);
-                            if !point.is_tree() {
-                                return speculative(target, &mut cache, d, tokens, &params, rng);
-                            }
-                            let tree = TreeParams {
-                                width: point.tree_width,
-                                budget: point.tree_budget.unwrap_or(1),
-                                residual: ResidualRule::Exact,
-                            };
-                            speculative_tree(target, &mut cache, d, tokens, &params, &tree, rng)
-                        }),
+            for prompt in 0..self.prompts.len() {
+                for record in self.generate_turns(config, &mut run, prompt, conversations)? {
+                    observer.record(&record)?;
+                    records.push(record);
                 }
-                .map_err(|e| {
-                    Error::invalid(format!("{} on prompt {}: {e}", point.label(), prompt.id))
-                })?;
-                let mut record = ResultRecord::new(index, point, prompt, seed);
-                let text = (self.decode)(&generation.output_ids)?;
-                record.fill(generation, text);
-                observer.record(&record)?;
-                records.push(record);
             }
         }
         Ok(records)
@@ -228,6 +233,7 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     /// The drafter of a speculative point (with fresh caches), `None` for autoregressive.
     fn drafter(
         &self,
+        config: &ExperimentConfig,
         point: &SweepPoint,
         strategy: crate::cache::RotatingStrategy,
     ) -> Result<Option<Box<dyn Drafter>>> {
@@ -243,12 +249,13 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             .get(name)
             .ok_or_else(|| Error::invalid(format!("drafter {name:?} was not loaded")))?;
         Ok(Some(match source {
-            DraftSource::Model { model, confidence } => Box::new(ModelDrafter::new(
-                name,
-                Arc::clone(model),
-                strategy,
-                *confidence,
-            )?),
+            DraftSource::Model { model, confidence } => {
+                let drafter = ModelDrafter::new(name, Arc::clone(model), strategy, *confidence)?;
+                match prefix_store(config, point) {
+                    Some((store, every)) => Box::new(drafter.with_prefix_store(store, every)),
+                    None => Box::new(drafter),
+                }
+            }
             DraftSource::Ngram {
                 min_ngram,
                 max_ngram,

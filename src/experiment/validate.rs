@@ -26,6 +26,7 @@ impl ExperimentConfig {
         }
         self.check_dataset(&mut problems);
         self.check_sweep(&mut problems);
+        problems.extend(self.prefix_cache.problems());
         if problems.is_empty() {
             Ok(())
         } else {
@@ -224,7 +225,6 @@ fn check_sampling(sweep: &SweepConfig, problems: &mut Vec<String>) {
     }
 }
 
-/// A value listed twice would run the same point twice under the same label.
 fn check_tree(sweep: &SweepConfig, problems: &mut Vec<String>) {
     if sweep.tree_width.is_empty() {
         problems.push("sweep.tree_width = []: name at least one width (1 = chain)".into());
@@ -248,6 +248,7 @@ fn check_tree(sweep: &SweepConfig, problems: &mut Vec<String>) {
     }
 }
 
+/// A value listed twice would run the same point twice under the same label.
 fn no_repeats<T: PartialEq + std::fmt::Debug>(key: &str, values: &[T], problems: &mut Vec<String>) {
     for (i, v) in values.iter().enumerate() {
         if values[..i].contains(v) {

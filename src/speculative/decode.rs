@@ -6,8 +6,9 @@ use rand::rngs::StdRng;
 
 use super::drafter::Drafter;
 use super::metrics::{GenerationRecord, StopReason};
+use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
-use super::verify::verify;
+use super::verify::{Lossless, Verifier};
 use super::LanguageModel;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
@@ -95,11 +96,11 @@ impl Output<'_> {
     }
 }
 
-/// Checks the input, resets `cache`, runs the target over the prompt and samples the first
-/// new token (not yet pushed to the output).
+/// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
+/// it holds or its store has) and samples the first new token (not yet pushed to the output).
 pub(super) fn prefill<'a, M: LanguageModel>(
     target: &'a M,
-    cache: &mut ModelCache,
+    seq: &mut CachedSequence,
     prompt: &[u32],
     params: &'a GenParams,
     rng: &mut StdRng,
@@ -111,17 +112,32 @@ pub(super) fn prefill<'a, M: LanguageModel>(
         return Err(Error::invalid("max_new_tokens must be at least 1"));
     }
     let start = Instant::now();
-    cache.reset();
     let mut out = Output {
         record: GenerationRecord::default(),
         params,
         eos: target.eos_token_ids(),
     };
-    let logits = target.forward_last(prompt, cache)?;
+    let (logits, stats) = seq.prefill(target, prompt)?;
     let first = next_token(&logits, &params.sampling, rng)?;
-    out.record.target_forwards = 1;
+    // One prefill forward however many checkpoints split it (τ counts decode forwards).
+    out.record.target_forwards = stats.forwards.min(1);
+    out.record.prefill_tokens_computed = stats.computed;
+    out.record.prefill_tokens_reused = stats.reused;
     out.record.prefill_s = start.elapsed().as_secs_f64();
+    out.record.ttft_s = out.record.prefill_s;
     Ok((out, first))
+}
+
+/// Runs `f` on `cache` wrapped in a fresh [`CachedSequence`] (so the cache is reset first).
+pub(super) fn fresh_sequence<T>(
+    cache: &mut ModelCache,
+    f: impl FnOnce(&mut CachedSequence) -> Result<T>,
+) -> Result<T> {
+    let taken = std::mem::replace(cache, ModelCache::new(Vec::new()));
+    let mut seq = CachedSequence::new(taken);
+    let result = f(&mut seq);
+    *cache = seq.into_cache();
+    result
 }
 
 /// Plain decoding: one target forward per new token. The baseline every speedup is
@@ -133,15 +149,31 @@ pub fn autoregressive<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
+    fresh_sequence(cache, |seq| {
+        autoregressive_continue(target, seq, prompt, params, rng)
+    })
+}
+
+/// [`autoregressive`] continuing from what `seq` holds: only the part of `prompt` (the whole
+/// conversation so far) that the cache or the prefix store lacks is prefilled. Afterwards
+/// `seq` holds every committed token but the last.
+pub fn autoregressive_continue<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
     let start = Instant::now();
-    let (mut out, mut token) = prefill(target, cache, prompt, params, rng)?;
+    let (mut out, mut token) = prefill(target, seq, prompt, params, rng)?;
     while !out.push(token) {
         let t = Instant::now();
-        let logits = target.forward_last(&[token], cache)?;
+        let logits = target.forward_last(&[token], seq.cache_mut())?;
         token = next_token(&logits, &params.sampling, rng)?;
         out.record.target_forwards += 1;
         out.record.verify_s += t.elapsed().as_secs_f64();
     }
+    seq.finish(&[prompt, &out.record.output_ids].concat())?;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
 }
@@ -159,9 +191,53 @@ pub fn speculative<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    let start = Instant::now();
+    speculative_with(target, cache, drafter, &Lossless, prompt, params, rng)
+}
+
+/// [`speculative`] with the verification step supplied by the caller (tests plug in
+/// deliberately wrong verifiers to show the distribution tests catch them).
+pub fn speculative_with<M: LanguageModel>(
+    target: &M,
+    cache: &mut ModelCache,
+    drafter: &mut dyn Drafter,
+    verifier: &dyn Verifier,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
     drafter.reset()?;
-    let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
+    fresh_sequence(cache, |seq| {
+        speculative_continue_with(target, seq, drafter, verifier, prompt, params, rng)
+    })
+}
+
+/// [`speculative`] continuing from what `seq` and the drafter hold (neither is reset): only
+/// the new part of `prompt` is prefilled, by the target and by a draft model. Afterwards
+/// `seq` holds every committed token but the last.
+pub fn speculative_continue<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    speculative_continue_with(target, seq, drafter, &Lossless, prompt, params, rng)
+}
+
+/// [`speculative_continue`] with the caller's verification step.
+fn speculative_continue_with<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    verifier: &dyn Verifier,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    let start = Instant::now();
+    let draft_forwards = drafter.forwards();
+    let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
@@ -178,10 +254,10 @@ pub fn speculative<M: LanguageModel>(
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.extend(context.last().copied());
         input.extend_from_slice(&drafts);
-        let mut spec = cache.speculate()?;
+        let mut spec = seq.cache_mut().speculate()?;
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
-        let verdict = verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
+        let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
         spec.commit(verdict.accepted + 1)?;
         out.record.verify_s += t_verify.elapsed().as_secs_f64();
 
@@ -199,7 +275,8 @@ pub fn speculative<M: LanguageModel>(
             }
         }
     }
-    out.record.draft_forwards = drafter.forwards();
+    seq.finish(&context)?;
+    out.record.draft_forwards = drafter.forwards() - draft_forwards;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
 }

@@ -15,6 +15,7 @@ mod metrics;
 mod ngram;
 mod ngram_tree;
 mod oracle;
+mod prefill;
 mod sampling;
 mod tree;
 mod tree_decode;
@@ -23,15 +24,19 @@ mod verify;
 
 use candle_core::Tensor;
 
-pub use decode::{autoregressive, speculative, GammaPolicy, GenParams};
+pub use decode::{
+    autoregressive, autoregressive_continue, speculative, speculative_continue, speculative_with,
+    GammaPolicy, GenParams,
+};
 pub use drafter::{Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use oracle::{OracleDrafter, ReferenceStore};
+pub use prefill::{CachedSequence, PrefillStats, DEFAULT_CHECKPOINT_EVERY};
 pub use sampling::{argmax, sample, SamplingParams};
 pub use tree::{verify_tree, DraftTree, ResidualRule, TreeDraft, TreeShape, TreeVerdict};
-pub use tree_decode::{speculative_tree, TreeParams};
-pub use verify::{verify, Verdict};
+pub use tree_decode::{speculative_tree, speculative_tree_continue, TreeParams};
+pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::Result;

@@ -3,9 +3,10 @@ use std::time::Instant;
 
 use rand::rngs::StdRng;
 
-use super::decode::{prefill, GenParams};
+use super::decode::{fresh_sequence, prefill, GenParams};
 use super::drafter::Drafter;
 use super::metrics::GenerationRecord;
+use super::prefill::CachedSequence;
 use super::tree::{verify_tree, ResidualRule, TreeShape};
 use super::LanguageModel;
 use crate::cache::ModelCache;
@@ -50,12 +51,29 @@ pub fn speculative_tree<M: LanguageModel>(
     tree_params: &TreeParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    if tree_params.width == 0 {
-        return Err(Error::invalid("tree width must be at least 1"));
-    }
-    let start = Instant::now();
+    check_tree_params(tree_params)?;
     drafter.reset()?;
-    let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
+    fresh_sequence(cache, |seq| {
+        speculative_tree_continue(target, seq, drafter, prompt, params, tree_params, rng)
+    })
+}
+
+/// [`speculative_tree`] continuing from what `seq` and the drafter hold (neither is reset):
+/// only the new part of `prompt` is prefilled, by the target and by a draft model.
+/// Afterwards `seq` holds every committed token but the last.
+pub fn speculative_tree_continue<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    params: &GenParams,
+    tree_params: &TreeParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    check_tree_params(tree_params)?;
+    let start = Instant::now();
+    let draft_forwards = drafter.forwards();
+    let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
@@ -77,7 +95,7 @@ pub fn speculative_tree<M: LanguageModel>(
         let mut input = Vec::with_capacity(tree.len() + 1);
         input.extend(context.last().copied());
         input.extend_from_slice(&tree.tokens);
-        let mut spec = cache.speculate()?;
+        let mut spec = seq.cache_mut().speculate()?;
         spec.extend_tree(&tree.block_parents())?;
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
@@ -102,7 +120,15 @@ pub fn speculative_tree<M: LanguageModel>(
             }
         }
     }
-    out.record.draft_forwards = drafter.forwards();
+    seq.finish(&context)?;
+    out.record.draft_forwards = drafter.forwards() - draft_forwards;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
+}
+
+fn check_tree_params(tree_params: &TreeParams) -> Result<()> {
+    if tree_params.width == 0 {
+        return Err(Error::invalid("tree width must be at least 1"));
+    }
+    Ok(())
 }

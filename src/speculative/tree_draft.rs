@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use super::drafter::ModelDrafter;
+use super::drafter::{confidence, ModelDrafter};
 use super::sampling::{sample, SamplingParams};
 use super::tree::{DraftTree, TreeDraft, TreeShape};
 use super::LanguageModel;
@@ -13,6 +13,8 @@ use crate::error::Result;
 /// A drafted tree and the draft cache's speculation over its expanded nodes.
 struct ModelTreeDraft<'a> {
     spec: Speculation<'a>,
+    /// The drafter's held tokens, to extend by the kept path.
+    held: &'a mut Vec<u32>,
     tree: DraftTree,
     /// `block_of[i]`: node `i`'s index in the draft speculation's block (`None`: a leaf that
     /// was never fed to the draft model).
@@ -27,7 +29,10 @@ impl TreeDraft for ModelTreeDraft<'_> {
     /// leaf) is fed with the next context, as in chain drafting.
     fn finish(self: Box<Self>, path: &[usize]) -> Result<()> {
         let keep: Vec<usize> = path.iter().map_while(|&n| self.block_of[n]).collect();
-        self.spec.commit_path(&keep)
+        self.spec.commit_path(&keep)?;
+        self.held
+            .extend(path[..keep.len()].iter().map(|&n| self.tree.tokens[n]));
+        Ok(())
     }
 }
 
@@ -159,7 +164,9 @@ impl<M: LanguageModel> ModelDrafter<M> {
     /// (see [`Growing::grow`]); all new nodes but the last level's are then fed to the draft
     /// model in ONE forward, inside the draft cache's speculation, as tree nodes (each sees
     /// the history and its ancestors). Width 1 drafts exactly the chain
-    /// [`super::Drafter::propose`] drafts, with the same forwards.
+    /// [`super::Drafter::propose`] drafts, with the same forwards, confidence threshold
+    /// included: below level 1, nodes whose largest draft probability is under it get no
+    /// children.
     pub(super) fn draft_tree<'a>(
         &'a mut self,
         context: &[u32],
@@ -175,20 +182,23 @@ impl<M: LanguageModel> ModelDrafter<M> {
             cum: Vec::new(),
             block_of: Vec::new(),
         };
-        if self.cache.offset() >= context.len() {
-            self.cache.reset();
-        }
         let empty = shape.depth == 0 || shape.width == 0 || shape.budget == 0;
         let mut frontier: Frontier = Vec::new();
         if !empty && !context.is_empty() {
             // Committed tokens the draft has not seen yet (at least the last one).
-            let fresh = &context[self.cache.offset()..];
-            let logits = self.model.forward_last(fresh, &mut self.cache)?;
-            self.forwards += 1;
+            let logits = self.sync(context)?;
             frontier.extend(rows(&logits)?.pop().map(|row| (None, row)));
         }
-        let mut spec = self.cache.speculate()?;
+        let threshold = self.confidence;
+        let (cache, held) = self.seq.parts();
+        let mut spec = cache.speculate()?;
         for level in 1..=shape.depth {
+            if let (Some(threshold), true) = (threshold, level > 1) {
+                // As in chains: no children below a node whose largest draft probability is
+                // under the threshold (the root always has some; the target takes over at the
+                // pruned nodes). Decided before any child is drawn, so the tree stays lossless.
+                frontier.retain(|(_, row)| confidence(row, sampling) >= threshold);
+            }
             let left = shape.budget.saturating_sub(g.tree.len());
             let share = left.div_ceil(shape.depth - level + 1);
             let mut added = g.grow(&frontier, share, shape.width, sampling, rng);
@@ -218,6 +228,7 @@ impl<M: LanguageModel> ModelDrafter<M> {
         }
         Ok(Box::new(ModelTreeDraft {
             spec,
+            held,
             tree: g.tree,
             block_of: g.block_of,
         }))
