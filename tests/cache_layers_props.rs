@@ -7,7 +7,7 @@
 mod common;
 mod ring_model;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use common::probe::{attend, close, kv};
 use proptest::prelude::*;
 use ring_model::Ring;
@@ -275,7 +275,7 @@ fn fail_commit(m: &mut Model, cache: &mut ModelCache, chunk: &[u8]) {
     let wrong = Tensor::zeros(
         (1, 1, chunk.len(), 3),
         candle_core::DType::F32,
-        &Device::Cpu,
+        &common::device(),
     );
     let wrong = wrong.unwrap();
     let mut spec = cache.speculate().unwrap();
@@ -368,7 +368,7 @@ fn layer() -> impl Strategy<Value = Layer> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::device::cases(400), ..ProptestConfig::default() })]
 
     #[test]
     fn model_caches_of_mixed_layers_match_fresh_prefill(

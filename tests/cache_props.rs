@@ -339,7 +339,7 @@ fn kind_slack() -> impl Strategy<Value = Kind> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::device::cases(1000), ..ProptestConfig::default() })]
 
     #[test]
     fn kv_cache_matches_fresh_prefill(kind in kind_kv(), ops in prop::collection::vec(op(), 1..40), probe in tokens(3)) {

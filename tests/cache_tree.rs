@@ -3,7 +3,8 @@
 //! and random accepted root-to-node paths, (1) inside the speculation every tree node's
 //! attention equals a fresh prefill of the history plus its own ancestors, and (2) after the
 //! path commit the cache equals a fresh prefill of the committed tokens — its logical window
-//! and attention over a probe. KV caches and both rotating strategies, 1000 cases each.
+//! and attention over a probe. KV caches and both rotating strategies, 1000 cases each
+//! (`SPECDEC_TEST_CASES` overrides the count).
 mod common;
 
 use candle_core::{Device, Tensor};
@@ -197,7 +198,7 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::device::cases(1000), ..ProptestConfig::default() })]
 
     #[test]
     fn kv_tree_path_commit_matches_fresh_prefill(step in 1usize..5, ops in prop::collection::vec(op(), 1..12), probe in prop::collection::vec(0u8..50, 1..3)) {

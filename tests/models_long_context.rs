@@ -10,6 +10,9 @@ use candle_core::{Device, Tensor};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{DTypeChoice, LoadOptions, Model};
 
+#[path = "common/device.rs"]
+mod device;
+
 const TOL: f32 = 1e-4;
 
 #[derive(serde::Deserialize)]
@@ -19,9 +22,16 @@ struct LongReference {
     long_logits: Vec<Vec<f32>>,
 }
 
-/// `max |a - b| / max |b|`.
+/// `max |a - b| / max |b|`, in f32 on the CPU (the model may run on the test device).
 fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
+    let host = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap()
+    };
+    let (a, b) = (&host(a), &host(b));
     let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
     let scale = b.abs().unwrap().max_all().unwrap();
     diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
@@ -37,9 +47,10 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
         from < 2048 && ids.len() > 2048,
         "the fixture must cross position 2048"
     );
+    // The test device (SPECDEC_TEST_DEVICE) in f32: the tolerance is f32's.
     let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
+        device: device::device(),
+        dtype: DTypeChoice::F32,
     };
     // The RoPE tables live in the model: a fresh load for every path, so each one grows them.
     let load = || Model::load(&dir, &options).unwrap();

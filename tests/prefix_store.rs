@@ -6,7 +6,7 @@
 //! checkpoint distances small enough that rings wrap and checkpoints are crossed often.
 mod common;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use common::probe::{close, kv, HEAD_DIM};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
@@ -47,7 +47,7 @@ impl LanguageModel for Probe {
         Ok(Tensor::from_vec(
             logits,
             (tokens.len(), VOCAB),
-            &Device::Cpu,
+            &common::device(),
         )?)
     }
 
@@ -96,7 +96,7 @@ fn attend(a: &specdec::cache::Attend, tokens: &[u32], from: usize) -> Vec<f32> {
         .enumerate()
         .flat_map(|(i, &t)| [1.0 + 0.3 * ((from + i) % 5) as f32, 0.5 + 0.2 * t as f32])
         .collect();
-    let q = Tensor::from_vec(q, (1, 1, tokens.len(), HEAD_DIM), &Device::Cpu).unwrap();
+    let q = Tensor::from_vec(q, (1, 1, tokens.len(), HEAD_DIM), &common::device()).unwrap();
     let (k, v) = a.joined().unwrap();
     let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
     let mut scores = q.matmul(&k.t().unwrap()).unwrap();
@@ -280,7 +280,7 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(common::device::cases(96)))]
 
     #[test]
     fn restored_caches_equal_fresh_prefills(

@@ -46,3 +46,14 @@ pub fn load_options() -> specdec::models::LoadOptions {
         dtype: dtype_choice(),
     }
 }
+
+/// Property-test cases: `default`, or `SPECDEC_TEST_CASES` when set. A GPU pass runs each
+/// case's many tiny tensor operations as separate kernel launches and uses fewer cases.
+pub fn cases(default: u32) -> u32 {
+    match std::env::var("SPECDEC_TEST_CASES") {
+        Ok(n) => n
+            .parse()
+            .unwrap_or_else(|_| panic!("SPECDEC_TEST_CASES={n}: expected a count")),
+        Err(_) => default,
+    }
+}
