@@ -31,7 +31,9 @@ fn bench(c: &mut Criterion) {
                 let mut group = c.benchmark_group(format!("{}/{length}", strategy.name()));
                 for &gamma in &config.gammas {
                     let kv = step_kv(&config, gamma).expect("step K/V");
-                    for &pattern in &config.patterns {
+                    // Tree path commits are timed by `exp bench-cache` (pattern `path`).
+                    let chains = config.patterns.iter().filter(|&&p| p != Pattern::Path);
+                    for &pattern in chains {
                         let id = BenchmarkId::new(pattern.name(), format!("g{gamma}"));
                         let mut rng = StdRng::seed_from_u64(config.seed);
                         group.bench_function(id, |b| {
@@ -41,7 +43,7 @@ fn bench(c: &mut Criterion) {
                                 let mut spent = Duration::ZERO;
                                 for _ in 0..iters {
                                     let keep = match pattern {
-                                        Pattern::All => gamma + 1,
+                                        Pattern::All | Pattern::Path => gamma + 1,
                                         Pattern::None => 1,
                                         Pattern::Random => rng.random_range(1..=gamma + 1),
                                     };

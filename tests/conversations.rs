@@ -3,8 +3,8 @@
 //! prefill of every turn's whole prompt — for a sliding-window target (the shipped Mistral,
 //! window 64), a full-attention target (the shipped Llama draft used as a target) and a mixed
 //! one (the Gemma 3 fixture: 5 sliding layers of window 8, 1 global), both rotating
-//! strategies, autoregressive and speculative (draft model and n-gram drafters), turns 1
-//! and 2. Two conversations share a system text longer than every window.
+//! strategies, autoregressive, chain-speculative and tree-speculative (draft model and n-gram
+//! drafters), turns 1 and 2. Two conversations share a system text longer than every window.
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,8 +12,9 @@ use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, PrefixStore, RotatingStrategy};
 use specdec::models::{LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, autoregressive_continue, speculative_continue, CachedSequence, Drafter,
-    GammaPolicy, GenParams, GenerationRecord, ModelDrafter, NgramDrafter, SamplingParams,
+    autoregressive, autoregressive_continue, speculative_continue, speculative_tree_continue,
+    CachedSequence, Drafter, GammaPolicy, GenParams, GenerationRecord, ModelDrafter, NgramDrafter,
+    ResidualRule, SamplingParams, TreeParams,
 };
 
 fn load(rel: &str) -> Arc<Model> {
@@ -59,7 +60,11 @@ impl Script {
 enum Method {
     Autoregressive,
     Speculative(Box<dyn Drafter>),
+    /// Trees of depth 3, width 2, at most [`TREE_BUDGET`] nodes.
+    Tree(Box<dyn Drafter>),
 }
+
+const TREE_BUDGET: usize = 6;
 
 fn run(
     target: &Model,
@@ -74,6 +79,16 @@ fn run(
         }
         Method::Speculative(d) => {
             speculative_continue(target, seq, d.as_mut(), prompt, &greedy(3), &mut rng).unwrap()
+        }
+        Method::Tree(d) => {
+            let tree = TreeParams {
+                width: 2,
+                budget: TREE_BUDGET,
+                residual: ResidualRule::Exact,
+            };
+            let params = greedy(3);
+            speculative_tree_continue(target, seq, d.as_mut(), prompt, &params, &tree, &mut rng)
+                .unwrap()
         }
     }
 }
@@ -105,7 +120,7 @@ fn converse(
     let mut outputs = Vec::new();
     for (c, [q1, q2]) in script.questions.iter().enumerate() {
         seq.reset();
-        if let Method::Speculative(d) = method {
+        if let Method::Speculative(d) | Method::Tree(d) = method {
             d.reset().unwrap();
         }
         let p1 = [script.system.as_slice(), q1].concat();
@@ -135,20 +150,29 @@ fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
     let script = Script::new(vocab);
     for strategy in [
         RotatingStrategy::Staged,
-        RotatingStrategy::Slack { max_draft: 3 },
+        // Slack rings roll back the largest block: a tree's nodes.
+        RotatingStrategy::Slack {
+            max_draft: TREE_BUDGET,
+        },
     ] {
         let expected = reference(target, strategy, &script);
         for store in [false, true] {
             let mut methods = vec![
                 Method::Autoregressive,
                 Method::Speculative(Box::new(NgramDrafter::new("ngram", 1, 3).unwrap())),
+                Method::Tree(Box::new(NgramDrafter::new("ngram", 1, 3).unwrap())),
             ];
             if let Some(d) = &drafter {
-                let mut m = ModelDrafter::new("draft", d.clone(), strategy, None).unwrap();
-                if store {
-                    m = m.with_prefix_store(PrefixStore::new(64 << 20), 32);
-                }
-                methods.push(Method::Speculative(Box::new(m)));
+                let draft = || {
+                    let m = ModelDrafter::new("draft", d.clone(), strategy, None).unwrap();
+                    if store {
+                        m.with_prefix_store(PrefixStore::new(64 << 20), 32)
+                    } else {
+                        m
+                    }
+                };
+                methods.push(Method::Speculative(Box::new(draft())));
+                methods.push(Method::Tree(Box::new(draft())));
             }
             for mut method in methods {
                 let mut seq = CachedSequence::new(target.new_cache(strategy).unwrap());
@@ -160,6 +184,7 @@ fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
                 let name = match &method {
                     Method::Autoregressive => "autoregressive".to_string(),
                     Method::Speculative(d) => d.name().to_string(),
+                    Method::Tree(d) => format!("{} tree", d.name()),
                 };
                 assert_eq!(got, expected, "{name} {strategy:?} store={store}");
             }

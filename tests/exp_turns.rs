@@ -1,7 +1,8 @@
 //! `exp` with conversations and the prefix store, on the shipped models: Spec-Bench with
 //! `turns = "all"` runs both turns of its MT-bench questions, continuing the caches, and
 //! reports acceptance per turn; with `[prefix_cache] enabled = [false, true]` the summary
-//! compares the store on and off; bad `[prefix_cache]` and `turns` values are refused by key.
+//! compares the store on and off; tree points run conversations and the store too; bad
+//! `[prefix_cache]` and `turns` values are refused by key.
 use std::path::Path;
 
 use specdec::experiment::{run_experiment, ExperimentConfig, ResultRecord, RunOptions};
@@ -94,6 +95,58 @@ fn spec_bench_conversations_run_every_turn_with_the_store_on_and_off() {
         ),
         "{summary}"
     );
+}
+
+#[test]
+fn tree_points_run_conversations_with_the_store_and_match_the_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let config = config(&[
+        "dataset.path=\"configs/prompts/spec_bench_question.jsonl\"",
+        "dataset.categories=\"roleplay\"",
+        "dataset.limit=2",
+        "dataset.turns=\"all\"",
+        "max_new_tokens=20",
+        "warmup=false",
+        "sweep.drafter=\"small\"",
+        "sweep.gamma=3",
+        "sweep.temperature=0.0",
+        "sweep.cache=\"slack\"",
+        "sweep.tree_width=[1, 2]",
+        "sweep.tree_budget=6",
+        "prefix_cache.enabled=[false, true]",
+        "prefix_cache.checkpoint_every=16",
+    ]);
+    let opts = RunOptions {
+        out: Some(out.clone()),
+        progress: false,
+    };
+    run_experiment(&config, &opts).unwrap();
+    let records = records(&out);
+    // (autoregressive, chain, tree) × store off/on = 6 points, 2 conversations of 2 turns.
+    assert_eq!(records.len(), 6 * 2 * 2);
+    let trees: Vec<&ResultRecord> = records
+        .iter()
+        .filter(|r| r.settings.tree_width == 2)
+        .collect();
+    assert_eq!(trees.len(), 2 * 2 * 2);
+    for tree in trees {
+        // Greedy: every point's answer to a turn is the autoregressive one.
+        let ar = records
+            .iter()
+            .find(|r| {
+                r.settings.drafter.is_none()
+                    && r.prompt_id == tree.prompt_id
+                    && r.turn == tree.turn
+                    && r.settings.prefix_cache == tree.settings.prefix_cache
+            })
+            .unwrap();
+        assert_eq!(tree.output_text, ar.output_text, "{}", tree.label);
+        assert_eq!(tree.prompt_tokens, ar.prompt_tokens);
+        if tree.turn == 2 {
+            assert!(tree.generation.prefill_tokens_reused > 0, "{tree:?}");
+        }
+    }
 }
 
 #[test]

@@ -33,6 +33,10 @@ pub enum Pattern {
     None,
     /// A uniformly random number of drafts (seeded): keep 1..=γ+1.
     Random,
+    /// The γ+1 tokens form a token tree (binary, node `i`'s parent is `(i − 1) / 2`) and the
+    /// path to a uniformly random node (seeded) is committed: node moves instead of a
+    /// prefix. Speculation strategies only (the baselines have no tree commit).
+    Path,
 }
 
 impl Pattern {
@@ -42,6 +46,7 @@ impl Pattern {
             Pattern::All => "all",
             Pattern::None => "none",
             Pattern::Random => "random",
+            Pattern::Path => "path",
         }
     }
 }
@@ -83,7 +88,7 @@ impl Default for BenchConfig {
                 .collect(),
             lengths: vec![256, 1024, 4096, 32768],
             gammas: vec![1, 4, 8, 16],
-            patterns: vec![Pattern::All, Pattern::None, Pattern::Random],
+            patterns: vec![Pattern::All, Pattern::None, Pattern::Random, Pattern::Path],
             kv_heads: 8,
             head_dim: 128,
             layers: 1,

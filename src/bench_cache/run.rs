@@ -114,6 +114,9 @@ pub fn measure(config: &BenchConfig, mut progress: impl FnMut(&BenchRow)) -> Res
                 for &gamma in &config.gammas {
                     let kv = step_kv(config, gamma)?;
                     for &pattern in &config.patterns {
+                        if pattern == Pattern::Path && !strategy.transactional() {
+                            continue;
+                        }
                         let cell = Cell {
                             length,
                             gamma,
@@ -149,13 +152,21 @@ fn measure_cell(
     let base = cache.offset();
     let rewind = cache.strategy().layout() == Layout::Kv;
     let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let parents: Vec<Option<usize>> = (0..=cell.gamma)
+        .map(|i| i.checked_sub(1).map(|p| p / 2))
+        .collect();
     let mut step = |cache: &mut StrategyCache| -> Result<StepCost> {
         let keep = match cell.pattern {
-            Pattern::All => cell.gamma + 1,
+            Pattern::All | Pattern::Path => cell.gamma + 1,
             Pattern::None => 1,
             Pattern::Random => rng.random_range(1..=cell.gamma + 1),
         };
-        let cost = cache.step(kv, keep)?;
+        let cost = if cell.pattern == Pattern::Path {
+            let path = heap_path(rng.random_range(0..=cell.gamma));
+            cache.step_path(kv, &parents, &path)?
+        } else {
+            cache.step(kv, keep)?
+        };
         if rewind {
             cache.rewind(base)?;
         }
@@ -188,6 +199,18 @@ fn measure_cell(
         bytes_copied: costs.iter().map(|c| c.bytes_copied as f64).sum::<f64>() / n as f64,
         bytes_held: costs.iter().map(|c| c.bytes_held).max().unwrap_or(0),
     })
+}
+
+/// The root-to-`node` path of the binary heap tree (node `i`'s parent is `(i − 1) / 2`).
+fn heap_path(node: usize) -> Vec<usize> {
+    let mut path = vec![node];
+    let mut n = node;
+    while n > 0 {
+        n = (n - 1) / 2;
+        path.push(n);
+    }
+    path.reverse();
+    path
 }
 
 /// Median µs of an empty timed region (`Instant::now()` then `elapsed()`): the smallest time

@@ -1,8 +1,11 @@
 //! The unbounded KV cache.
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::buffer::{cat_seq, seq_len, KvBuf};
-use super::{Attend, CacheError, Mask};
+use super::tree::path_moves;
+use super::{Attend, CacheError, Mask, TokenTree};
 use crate::error::Result;
 
 /// Default growth step of [`KvCache`] buffers, in tokens.
@@ -18,6 +21,8 @@ pub struct KvCache {
     step: usize,
     /// Offset when the open speculation began.
     spec_base: Option<usize>,
+    /// The tree the open speculation's block follows (slot `spec_base + i` holds node `i`).
+    tree: Option<Arc<TokenTree>>,
 }
 
 /// Owned copy of the K/V of positions `[from, to)` of a [`KvCache`].
@@ -108,6 +113,7 @@ impl KvCache {
             offset: 0,
             step: step.max(1),
             spec_base: None,
+            tree: None,
         }
     }
 
@@ -126,11 +132,17 @@ impl KvCache {
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<Attend> {
         let q = seq_len(k, v)?;
         let end = self.offset + q;
+        if let (Some(tree), Some(base)) = (&self.tree, self.spec_base) {
+            check_tree_append(tree, end - base)?;
+        }
         self.ensure_capacity(k, end)?;
         let buf = self.buf.as_ref().ok_or_else(|| bad("no buffer"))?;
         buf.write(self.offset, k, v)?;
         let (k_all, v_all) = buf.view(0, end)?;
-        let mask = Mask::causal(self.offset..end);
+        let mut mask = Mask::causal(self.offset..end);
+        if let (Some(tree), Some(base)) = (&self.tree, self.spec_base) {
+            mask = mask.with_tree(base, tree.clone());
+        }
         self.offset = end;
         Ok(Attend {
             k: k_all,
@@ -228,6 +240,7 @@ impl KvCache {
     pub fn reset(&mut self) {
         self.offset = 0;
         self.spec_base = None;
+        self.tree = None;
     }
 
     /// An independent copy: later writes to either do not show in the other.
@@ -237,6 +250,7 @@ impl KvCache {
             offset: self.offset,
             step: self.step,
             spec_base: self.spec_base,
+            tree: self.tree.clone(),
         })
     }
 
@@ -255,14 +269,67 @@ impl KvCache {
 
     /// Keeps the first `n` appended tokens: O(1), the offset moves back.
     pub(crate) fn commit(&mut self, n: usize) {
+        self.tree = None;
         if let Some(base) = self.spec_base.take() {
             self.offset = self.offset.min(base + n);
         }
     }
 
+    /// Declares the tree the speculation's block follows (nodes appended so far included).
+    pub(crate) fn set_tree(&mut self, tree: Arc<TokenTree>) {
+        self.tree = Some(tree);
+    }
+
+    /// RoPE positions of the next `t` appended tokens when the block is a tree.
+    pub(crate) fn tree_positions(&self, t: usize) -> Option<Vec<usize>> {
+        let (tree, base) = (self.tree.as_ref()?, self.spec_base?);
+        Some(tree_positions(tree, base, self.offset - base, t))
+    }
+
+    /// Keeps the block nodes of `path` (checked root-to-node by the caller): moves them to
+    /// consecutive slots from the speculation's base, O(path length) whatever the offset.
+    pub(crate) fn commit_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some(base) = self.spec_base else {
+            return Ok(());
+        };
+        if let Some(buf) = &self.buf {
+            for (dest, src, len) in path_moves(path) {
+                // An owned copy first: a slice_set from a view of the same buffer would alias.
+                let (k, v) = buf.copy(base + src, len)?;
+                buf.write(base + dest, &k, &v)?;
+            }
+        }
+        self.commit(path.len());
+        Ok(())
+    }
+
     pub(crate) fn rollback(&mut self) {
         self.commit(0);
     }
+}
+
+/// Refuses an append that would reach past the tree's nodes (`len` block tokens after it).
+pub(crate) fn check_tree_append(tree: &TokenTree, len: usize) -> Result<()> {
+    if len > tree.len() {
+        return Err(CacheError::BadTree(format!(
+            "{len} tokens appended to a tree of {} nodes",
+            tree.len()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Positions `base + depth` of block nodes `[appended, appended + t)`.
+pub(crate) fn tree_positions(
+    tree: &TokenTree,
+    base: usize,
+    appended: usize,
+    t: usize,
+) -> Vec<usize> {
+    (appended..appended + t)
+        .map(|i| base + tree.depth(i))
+        .collect()
 }
 
 fn tensor_bytes(t: &Tensor) -> usize {

@@ -5,8 +5,11 @@
 //! positions per query. [`Mask`] keeps that description (a few integers, O(1) to build) and
 //! answers "is anything hidden" in O(1); [`Mask::tensor`] writes the additive mask row by row
 //! as at most two runs of zeros per row, so a cache operation never pays O(queries × keys).
+use std::sync::Arc;
+
 use candle_core::{Device, Tensor};
 
+use super::TokenTree;
 use crate::error::Result;
 
 /// Where key `i` of an update sits.
@@ -32,7 +35,12 @@ pub enum KeyOrder {
 /// The keys are `len` keys laid out as `keys`, optionally followed by a *tail* of `n`
 /// consecutive positions from `first` (a staged speculation's K/V kept beside the ring);
 /// tail keys are always intact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// With a token tree ([`Mask::with_tree`]), the keys and queries at and after the tree's
+/// `base` are its nodes in block order (node `i` at key position `base + i`): query node `i`
+/// sits at position `base + depth(i)`, sees history keys by the rule above for that position,
+/// and of the block only its ancestors and itself (within the window).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mask {
     q_start: usize,
     q_end: usize,
@@ -44,6 +52,8 @@ pub struct Mask {
     window: Option<usize>,
     /// `(first position, count)` of the tail.
     tail: Option<(usize, usize)>,
+    /// `(base, tree)`: the block from `base` is this tree.
+    tree: Option<(usize, Arc<TokenTree>)>,
 }
 
 impl Mask {
@@ -64,6 +74,16 @@ impl Mask {
             held_lo,
             window,
             tail: None,
+            tree: None,
+        }
+    }
+
+    /// The same keys, where the block from position `base` is `tree`'s nodes in order (the
+    /// queries must lie in that block).
+    pub fn with_tree(self, base: usize, tree: Arc<TokenTree>) -> Self {
+        Self {
+            tree: Some((base, tree)),
+            ..self
         }
     }
 
@@ -113,6 +133,10 @@ impl Mask {
         if self.q_end <= self.q_start {
             return true;
         }
+        if self.tree.is_some() {
+            // Trees are materialised whatever they hide: the frontier of a tree is short.
+            return false;
+        }
         let (lo, _) = self.visible_span(self.q_end - 1);
         let (_, hi) = self.visible_span(self.q_start);
         let covers = |first: usize, last: usize| lo <= first && hi >= last;
@@ -129,23 +153,7 @@ impl Mask {
     fn visible_runs(&self, p: usize) -> [(usize, usize); 3] {
         let mut runs = [(0, 0); 3];
         let (lo, hi) = self.visible_span(p);
-        if let Some((first, last)) = self.key_span() {
-            let (lo, hi) = (lo.max(first), hi.min(last));
-            if lo <= hi {
-                match self.keys {
-                    KeyOrder::Linear { first } => runs[0] = (lo - first, hi + 1 - first),
-                    KeyOrder::Ring { .. } => {
-                        let (a, b) = (lo % self.len, hi % self.len);
-                        if a <= b {
-                            runs[0] = (a, b + 1);
-                        } else {
-                            runs[0] = (a, self.len);
-                            runs[1] = (0, b + 1);
-                        }
-                    }
-                }
-            }
-        }
+        [runs[0], runs[1]] = self.head_runs(lo, hi);
         if let Some((first, n)) = self.tail {
             // Tail keys are intact whatever `held_lo` says of older positions.
             let lo = self
@@ -172,11 +180,78 @@ impl Mask {
             .chunks_exact_mut(n_k.max(1))
             .zip(self.q_start..self.q_end)
         {
-            for (start, end) in self.visible_runs(p) {
-                row[start..end].fill(0.0);
+            match &self.tree {
+                Some((base, tree)) => self.fill_tree_row(row, p, *base, tree),
+                None => {
+                    for (start, end) in self.visible_runs(p) {
+                        row[start..end].fill(0.0);
+                    }
+                }
             }
         }
         Ok(Some(Tensor::from_vec(data, (n_q, n_k), device)?))
+    }
+
+    /// The indices of the keys before the tail holding positions `[lo, hi]`, as at most two
+    /// runs `[start, end)` (two in a wrapped ring).
+    fn head_runs(&self, lo: usize, hi: usize) -> [(usize, usize); 2] {
+        let mut runs = [(0, 0); 2];
+        if let Some((first, last)) = self.key_span() {
+            let (lo, hi) = (lo.max(first), hi.min(last));
+            if lo <= hi {
+                match self.keys {
+                    KeyOrder::Linear { first } => runs[0] = (lo - first, hi + 1 - first),
+                    KeyOrder::Ring { .. } => {
+                        let (a, b) = (lo % self.len, hi % self.len);
+                        if a <= b {
+                            runs[0] = (a, b + 1);
+                        } else {
+                            runs[0] = (a, self.len);
+                            runs[1] = (0, b + 1);
+                        }
+                    }
+                }
+            }
+        }
+        runs
+    }
+
+    /// The key index of block position `pos` (in the tail when it holds `pos`).
+    fn key_index(&self, pos: usize) -> Option<usize> {
+        if let Some((first, n)) = self.tail {
+            if (first..first + n).contains(&pos) {
+                return Some(self.len + pos - first);
+            }
+        }
+        let (first, last) = self.key_span()?;
+        if !(first..=last).contains(&pos) {
+            return None;
+        }
+        Some(match self.keys {
+            KeyOrder::Linear { first } => pos - first,
+            KeyOrder::Ring { .. } => pos % self.len,
+        })
+    }
+
+    /// Opens (zeroes) the keys tree query `p` (block node `p - base`) sees: history before
+    /// `base` within the window of its position `base + depth`, then its ancestors.
+    fn fill_tree_row(&self, row: &mut [f32], p: usize, base: usize, tree: &TokenTree) {
+        let node = p - base;
+        let depth = tree.depth(node);
+        let (lo, _) = self.visible_span(base + depth);
+        if base > 0 {
+            for (start, end) in self.head_runs(lo, base - 1) {
+                row[start..end].fill(0.0);
+            }
+        }
+        let mut ancestor = Some(node);
+        while let Some(a) = ancestor {
+            let in_window = self.window.is_none_or(|w| depth - tree.depth(a) < w);
+            if let (true, Some(i)) = (in_window, self.key_index(base + a)) {
+                row[i] = 0.0;
+            }
+            ancestor = tree.parent(a);
+        }
     }
 }
 

@@ -18,6 +18,7 @@ mod model;
 mod prefix;
 mod rotating;
 mod strategy;
+mod tree;
 
 use candle_core::Tensor;
 
@@ -29,6 +30,7 @@ pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCac
 pub use prefix::PrefixStore;
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
+pub use tree::TokenTree;
 
 /// What attention needs after a cache update.
 ///
@@ -114,4 +116,8 @@ pub enum CacheError {
     /// Input tensors of the wrong rank or shape.
     #[error("bad cache input: {0}")]
     BadInput(String),
+    /// A token tree whose parents are not topological, an append past its nodes, or a
+    /// committed path that is not root-to-node.
+    #[error("bad token tree: {0}")]
+    BadTree(String),
 }

@@ -1,8 +1,14 @@
 //! The caches of all layers of one model, speculation transactions and whole-model snapshots.
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
-use super::{Attend, CacheError, KvCache, KvSnapshot, RotatingKvCache, RotatingSnapshot};
+use super::{
+    Attend, CacheError, KvCache, KvSnapshot, RotatingKvCache, RotatingSnapshot, TokenTree,
+};
 use crate::error::Result;
+
+mod tree_commit;
 
 /// The cache of one attention layer.
 #[derive(Debug)]
@@ -287,6 +293,7 @@ impl ModelCache {
             cache: self,
             base,
             open: true,
+            tree: None,
         })
     }
 
@@ -412,6 +419,8 @@ pub struct Speculation<'a> {
     cache: &'a mut ModelCache,
     base: usize,
     open: bool,
+    /// The block's token tree, once [`Speculation::extend_tree`] was called.
+    tree: Option<Arc<TokenTree>>,
 }
 
 impl Speculation<'_> {
@@ -439,6 +448,9 @@ impl Speculation<'_> {
         let appended = self.appended();
         if n > appended {
             return Err(CacheError::CommitTooLong { n, appended }.into());
+        }
+        if self.tree.is_some() {
+            return self.commit_path(&(0..n).collect::<Vec<_>>());
         }
         self.open = false;
         self.cache.spec_base = None;

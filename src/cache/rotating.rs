@@ -1,9 +1,14 @@
 //! The sliding-window ring cache.
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
 use super::buffer::{cat_seq, seq_len, KvBuf};
-use super::{Attend, CacheError, KeyOrder, Mask};
+use super::kv::check_tree_append;
+use super::{Attend, CacheError, KeyOrder, Mask, TokenTree};
 use crate::error::Result;
+
+mod tree_commit;
 
 /// How a [`RotatingKvCache`] holds speculative tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +46,8 @@ struct Spec {
     base: usize,
     /// Staged strategy only: K/V appended since `base`, `[b, h, offset - base, d]`.
     staged: Option<(Tensor, Tensor)>,
+    /// The tree the block follows (block position `base + i` holds node `i`).
+    tree: Option<Arc<TokenTree>>,
 }
 
 /// Owned copy of the last `window` tokens of a [`RotatingKvCache`], labelled with the range
@@ -175,6 +182,9 @@ impl RotatingKvCache {
                 let max = self.max_speculative();
                 return Err(CacheError::SpeculationTooLong { len, max }.into());
             }
+            if let Some(tree) = &spec.tree {
+                check_tree_append(tree, len)?;
+            }
             if self.strategy == RotatingStrategy::Staged {
                 return self.append_staged(k, v, q);
             }
@@ -202,7 +212,7 @@ impl RotatingKvCache {
             (cap, KeyOrder::Ring { last: end - 1 })
         };
         let (k_all, v_all) = ring.view(0, len)?;
-        let mask = Mask::new(start..end, keys, len, held_lo, Some(self.window));
+        let mask = self.with_tree(Mask::new(start..end, keys, len, held_lo, Some(self.window)));
         Ok(Attend {
             k: k_all,
             v: v_all,
@@ -256,8 +266,10 @@ impl RotatingKvCache {
         } else {
             (self.capacity, KeyOrder::Ring { last: base - 1 })
         };
-        let mask = Mask::new(queries.clone(), keys, ring_len, held_lo, Some(self.window))
-            .with_tail(base, end - base);
+        let mask = self.with_tree(
+            Mask::new(queries.clone(), keys, ring_len, held_lo, Some(self.window))
+                .with_tail(base, end - base),
+        );
         match &self.ring {
             Some(ring) if ring_len > 0 => {
                 let (k_all, v_all) = ring.view(0, ring_len)?;
@@ -273,14 +285,26 @@ impl RotatingKvCache {
                 k: staged.0,
                 v: staged.1,
                 tail: None,
-                mask: Mask::new(
+                mask: self.with_tree(Mask::new(
                     queries,
                     KeyOrder::Linear { first: base },
                     end - base,
                     base,
                     Some(self.window),
-                ),
+                )),
             }),
+        }
+    }
+
+    /// `mask` with the open speculation's tree, if it has one.
+    fn with_tree(&self, mask: Mask) -> Mask {
+        match &self.spec {
+            Some(Spec {
+                base,
+                tree: Some(tree),
+                ..
+            }) => mask.with_tree(*base, tree.clone()),
+            _ => mask,
         }
     }
 
@@ -492,6 +516,7 @@ impl RotatingKvCache {
             Some(s) => Some(Spec {
                 base: s.base,
                 staged: s.staged.as_ref().map(copy_pair).transpose()?,
+                tree: s.tree.clone(),
             }),
         };
         Ok(Self {
@@ -523,6 +548,7 @@ impl RotatingKvCache {
         self.spec = Some(Spec {
             base: self.offset,
             staged: None,
+            tree: None,
         });
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
+use super::tree::path_moves;
 use super::{CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
 use crate::error::Result;
 
@@ -93,7 +94,9 @@ impl RollbackStrategy {
         }
     }
 
-    fn transactional(self) -> bool {
+    /// True for the strategies that roll back inside a [`super::Speculation`] (and so can
+    /// commit a token tree's path).
+    pub fn transactional(self) -> bool {
         matches!(
             self,
             RollbackStrategy::KvRewind | RollbackStrategy::Staged | RollbackStrategy::SlackRing
@@ -262,6 +265,46 @@ impl StrategyCache {
             RollbackStrategy::Staged => (keep * token, appended * token),
             RollbackStrategy::SlackRing => (0, (self.max_draft + 1) * token),
             _ => (0, 0),
+        };
+        Ok(StepCost {
+            bytes_copied,
+            bytes_held,
+            append,
+            finish,
+        })
+    }
+
+    /// One tree step: appends `kv` (one `[b, h, n, d]` pair per layer) as the token tree
+    /// `parents` and keeps the root-to-node `path`. Speculation strategies only; the others
+    /// have no tree commit and are refused.
+    pub fn step_path(
+        &mut self,
+        kv: &[(Tensor, Tensor)],
+        parents: &[Option<usize>],
+        path: &[usize],
+    ) -> Result<StepCost> {
+        let appended = kv_len(kv)?;
+        if !self.strategy.transactional() || appended > self.max_draft + 1 {
+            return Err(CacheError::BadTree(format!(
+                "{}: no path commit of {appended} tokens",
+                self.strategy.name()
+            ))
+            .into());
+        }
+        let token = token_bytes(kv)?;
+        let start = Instant::now();
+        let mut spec = self.cache.speculate()?;
+        spec.extend_tree(parents)?;
+        append_all(spec.cache(), kv)?;
+        let append = start.elapsed();
+        let start = Instant::now();
+        spec.commit_path(path)?;
+        let finish = start.elapsed();
+        let moved: usize = path_moves(path).iter().map(|&(_, _, n)| n).sum();
+        let (bytes_copied, bytes_held) = match self.strategy {
+            RollbackStrategy::Staged => (path.len() * token, appended * token),
+            RollbackStrategy::SlackRing => (moved * token, (self.max_draft + 1) * token),
+            _ => (moved * token, 0),
         };
         Ok(StepCost {
             bytes_copied,

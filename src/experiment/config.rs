@@ -354,6 +354,17 @@ pub struct SweepConfig {
     /// Bounds of `gamma = "adaptive"`.
     #[serde(default)]
     pub adaptive: AdaptiveGamma,
+    /// Draft tree widths: children per expanded node and nodes expanded per level (1 = chain).
+    #[serde(default = "default_tree_width")]
+    pub tree_width: List<usize>,
+    /// Most drafted nodes per step of a tree (width > 1); default: γ (for adaptive γ, its
+    /// `max`). Chains ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_budget: Option<List<usize>>,
+}
+
+fn default_tree_width() -> List<usize> {
+    List(vec![1])
 }
 
 fn default_gamma() -> List<GammaChoice> {
@@ -383,6 +394,8 @@ impl Default for SweepConfig {
             top_p: default_top_p(),
             cache: default_cache(),
             adaptive: AdaptiveGamma::default(),
+            tree_width: default_tree_width(),
+            tree_budget: None,
         }
     }
 }

@@ -10,8 +10,8 @@ use super::sweep::SweepPoint;
 use crate::cache::{PrefixStore, RotatingStrategy};
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive_continue, speculative_continue, CachedSequence, Drafter, GenParams,
-    LanguageModel,
+    autoregressive_continue, speculative_continue, speculative_tree_continue, CachedSequence,
+    Drafter, GenParams, GenerationRecord, LanguageModel, ResidualRule, TreeParams,
 };
 
 /// Later turns of conversations (`[dataset] turns = "all"`).
@@ -108,8 +108,9 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 Some(d) => d
                     .prepare(&tokens, run.params.max_new_tokens)
                     .and_then(|()| {
-                        speculative_continue(
+                        speculate(
                             target,
+                            run.point,
                             &mut run.seq,
                             d,
                             &tokens,
@@ -141,4 +142,25 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         }
         Ok(records)
     }
+}
+
+/// One speculative generation at `point`: the chain loop, or the tree loop for tree points.
+fn speculate<M: LanguageModel>(
+    target: &M,
+    point: &SweepPoint,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    tokens: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    if !point.is_tree() {
+        return speculative_continue(target, seq, drafter, tokens, params, rng);
+    }
+    let tree = TreeParams {
+        width: point.tree_width,
+        budget: point.tree_budget.unwrap_or(1),
+        residual: ResidualRule::Exact,
+    };
+    speculative_tree_continue(target, seq, drafter, tokens, params, &tree, rng)
 }

@@ -22,6 +22,7 @@ mod report_prefix;
 mod run;
 mod runner;
 mod sweep;
+mod tree_report;
 mod validate;
 
 pub use chat::{encode_conversation, encode_prompt, ChatTemplate};
@@ -40,4 +41,5 @@ pub use report::{csv, markdown, markdown_table, summarize, PointSummary, Strateg
 pub use report_prefix::{prefill_section, store_section, turns_section};
 pub use run::{run_experiment, RunOptions, RunOutcome};
 pub use runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
-pub use sweep::{rotating_strategy, sweep_points, SweepPoint};
+pub use sweep::{max_block, rotating_strategy, sweep_points, SweepPoint};
+pub use tree_report::tree_markdown;

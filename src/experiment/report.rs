@@ -213,7 +213,7 @@ pub fn markdown_table(rows: &[PointSummary]) -> String {
             r.point,
             p.method,
             p.drafter.as_deref().unwrap_or("—"),
-            p.gamma.map_or_else(|| "—".into(), |g| g.to_string()),
+            p.gamma_label(),
             p.setting_label(),
             opt(r.alpha, 3),
             opt(r.tau, 2),

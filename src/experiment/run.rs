@@ -20,6 +20,7 @@ use super::report::{csv, markdown, markdown_table, summarize, PointSummary, Stra
 use super::report_prefix::{prefill_section, store_section, turns_section};
 use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 use super::sweep::{sweep_points, SweepPoint};
+use super::tree_report::tree_markdown;
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
 use crate::speculative::ReferenceStore;
@@ -128,7 +129,8 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     })?;
     let summaries = summarize(&points, &records);
     let checks = format!(
-        "{}\n{}\n{}{}{}",
+        "{}{}\n{}\n{}{}{}",
+        tree_markdown(&summaries),
         StrategyCheck::new(&points, &records).markdown(),
         prefill_section(&points, &records),
         store_section(&points, &records),

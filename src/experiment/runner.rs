@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
 use super::conversation::{prefix_store, Conversations, PointRun};
-use super::sweep::{rotating_strategy, SweepPoint};
+use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
     autoregressive, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
@@ -202,7 +202,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         observer: &mut dyn SweepObserver,
         conversations: Option<&Conversations<'_>>,
     ) -> Result<Vec<ResultRecord>> {
-        let max_gamma = config.max_gamma();
+        // Slack rings must roll back the largest block: a chain's drafts or a tree's nodes.
+        let max_gamma = max_block(config);
         let mut records = Vec::with_capacity(points.len() * self.prompts.len());
         for (index, point) in points.iter().enumerate() {
             observer.point_started(index, points.len(), point);

@@ -22,9 +22,20 @@ pub struct SweepPoint {
     pub top_p: f64,
     /// Rotating-cache strategy.
     pub cache: CacheChoice,
+    /// Draft tree width (1 = chain).
+    #[serde(default = "one")]
+    pub tree_width: usize,
+    /// Most drafted nodes per step (speculative points; γ for chains, `None` for adaptive
+    /// chains and autoregressive points).
+    #[serde(default)]
+    pub tree_budget: Option<usize>,
     /// Whether prefills use a prefix store (`[prefix_cache] enabled`).
     #[serde(default)]
     pub prefix_cache: bool,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl SweepPoint {
@@ -57,9 +68,33 @@ impl SweepPoint {
     /// A unique, readable name: `autoregressive T=0 staged`, `small γ=4 T=0 staged`.
     pub fn label(&self) -> String {
         match (&self.drafter, self.gamma) {
+            (Some(d), Some(g)) if self.is_tree() => format!(
+                "{d} γ={g} w={} b={} {}",
+                self.tree_width,
+                self.tree_budget.unwrap_or(0),
+                self.setting_label()
+            ),
             (Some(d), Some(g)) => format!("{d} γ={g} {}", self.setting_label()),
             _ => format!("{} {}", self.method, self.setting_label()),
         }
+    }
+
+    /// γ for tables: `4`, `4 w=2 b=16` for a tree, `—` for autoregressive points.
+    pub fn gamma_label(&self) -> String {
+        match self.gamma {
+            None => "—".into(),
+            Some(g) if self.is_tree() => format!(
+                "{g} w={} b={}",
+                self.tree_width,
+                self.tree_budget.unwrap_or(0)
+            ),
+            Some(g) => g.to_string(),
+        }
+    }
+
+    /// True for tree drafting (width > 1); chains keep the chain engine.
+    pub fn is_tree(&self) -> bool {
+        self.tree_width > 1
     }
 
     /// True when `other` is the autoregressive baseline of this point: same sampling and cache.
@@ -91,10 +126,14 @@ impl SweepPoint {
     /// points that differ only in them draw the same random numbers, so their outputs must be
     /// identical (caches are exact) and their timings are a paired comparison.
     pub fn generation_seed(&self, seed: u64, prompt_id: &str) -> u64 {
-        let key = format!(
+        let mut key = format!(
             "{} {:?} {:?} {} {} {}",
             self.method, self.drafter, self.gamma, self.temperature, self.top_k, self.top_p
         );
+        // Only trees extend the key, so the seeds of chain points stay as they were.
+        if self.is_tree() {
+            key += &format!(" tree {} {:?}", self.tree_width, self.tree_budget);
+        }
         let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
         for b in key.bytes().chain([0]).chain(prompt_id.bytes()) {
             h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
@@ -137,6 +176,8 @@ pub fn sweep_points(config: &ExperimentConfig) -> Vec<SweepPoint> {
                         top_k,
                         top_p,
                         cache,
+                        tree_width: 1,
+                        tree_budget: None,
                         prefix_cache: false,
                     });
                 }
@@ -165,15 +206,53 @@ pub fn sweep_points(config: &ExperimentConfig) -> Vec<SweepPoint> {
         for setting in &settings {
             for drafter in config.used_drafters() {
                 for &gamma in sweep.gamma.iter() {
-                    points.push(SweepPoint {
-                        method: Method::Speculative,
-                        drafter: Some(drafter.to_string()),
-                        gamma: Some(gamma),
-                        ..setting.clone()
-                    });
+                    for (tree_width, tree_budget) in tree_shapes(config, gamma) {
+                        points.push(SweepPoint {
+                            method: Method::Speculative,
+                            drafter: Some(drafter.to_string()),
+                            gamma: Some(gamma),
+                            tree_width,
+                            tree_budget,
+                            ..setting.clone()
+                        });
+                    }
                 }
             }
         }
     }
     points
+}
+
+/// `(width, budget)` of the speculative points of one γ: each `tree_width`, and for widths
+/// above 1 each `tree_budget` (default γ, or the adaptive maximum). A chain's budget is its γ.
+fn tree_shapes(config: &ExperimentConfig, gamma: GammaChoice) -> Vec<(usize, Option<usize>)> {
+    let sweep = &config.sweep;
+    let depth = match gamma {
+        GammaChoice::Fixed(g) => g,
+        GammaChoice::Adaptive => sweep.adaptive.max,
+    };
+    let budgets = sweep
+        .tree_budget
+        .as_ref()
+        .map_or(vec![depth], |b| b.to_vec());
+    let mut shapes = Vec::new();
+    for &width in sweep.tree_width.iter() {
+        if width <= 1 {
+            let budget = matches!(gamma, GammaChoice::Fixed(_)).then_some(depth);
+            shapes.push((width, budget));
+        } else {
+            shapes.extend(budgets.iter().map(|&b| (width, Some(b))));
+        }
+    }
+    shapes
+}
+
+/// The largest block a speculation appends: drafts of a chain or nodes of a tree.
+pub fn max_block(config: &ExperimentConfig) -> usize {
+    let trees = config.sweep.tree_width.iter().any(|&w| w > 1);
+    let budget = match &config.sweep.tree_budget {
+        Some(b) if trees => b.iter().copied().max().unwrap_or(0),
+        _ => 0,
+    };
+    config.max_gamma().max(budget)
 }

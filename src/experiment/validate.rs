@@ -133,6 +133,7 @@ impl ExperimentConfig {
             ));
         }
         check_sampling(sweep, problems);
+        check_tree(sweep, problems);
         if sweep.cache.is_empty() {
             problems.push("sweep.cache = []: allowed values: \"staged\", \"slack\"".into());
         }
@@ -221,6 +222,29 @@ fn check_sampling(sweep: &SweepConfig, problems: &mut Vec<String>) {
         if empty {
             problems.push(format!("sweep.{key} = []: give at least one value"));
         }
+    }
+}
+
+fn check_tree(sweep: &SweepConfig, problems: &mut Vec<String>) {
+    if sweep.tree_width.is_empty() {
+        problems.push("sweep.tree_width = []: name at least one width (1 = chain)".into());
+    }
+    for w in sweep.tree_width.iter().filter(|&&w| w == 0) {
+        problems.push(format!(
+            "sweep.tree_width = {w}: widths must be >= 1 (1 = chain)"
+        ));
+    }
+    no_repeats("sweep.tree_width", &sweep.tree_width, problems);
+    if let Some(budgets) = &sweep.tree_budget {
+        if budgets.is_empty() {
+            problems.push("sweep.tree_budget = []: name at least one node budget (>= 1), or leave it out for γ".into());
+        }
+        for b in budgets.iter().filter(|&&b| b == 0) {
+            problems.push(format!(
+                "sweep.tree_budget = {b}: budgets must be >= 1 drafted nodes"
+            ));
+        }
+        no_repeats("sweep.tree_budget", budgets, problems);
     }
 }
 

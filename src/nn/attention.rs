@@ -106,9 +106,12 @@ impl Attention {
         // [t, heads, d] -> [1, heads, t, d]
         let heads_first =
             |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
-        let (q, k) = self
-            .rope
-            .apply(&heads_first(q)?, &heads_first(k)?, offset)?;
+        let (q, k) = (heads_first(q)?, heads_first(k)?);
+        // A token tree's nodes sit at `base + depth`, not at consecutive positions.
+        let (q, k) = match cache.tree_positions(t) {
+            Some(positions) => self.rope.apply_at(&q, &k, &positions)?,
+            None => self.rope.apply(&q, &k, offset)?,
+        };
         // Contiguous like q and k: a cache may hand the new block back as it came (a prefill
         // into an empty rotating cache), and CUDA's matmul refuses a head-strided operand.
         let v = heads_first(v)?;

@@ -107,6 +107,27 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// Rotates `q: [1, heads, t, d]` and `k: [1, kv_heads, t, d]` (contiguous) for the
+    /// positions `positions` (`t` of them, any order: a token tree's `base + depth`).
+    pub fn apply_at(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        positions: &[usize],
+    ) -> Result<(Tensor, Tensor)> {
+        let end = positions.iter().max().map_or(0, |&p| p + 1);
+        let (cos, sin) = self.rows(0, end)?;
+        let ids: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        let (cos, sin) = (cos.index_select(&ids, 0)?, sin.index_select(&ids, 0)?);
+        Ok((
+            candle_nn::rotary_emb::rope(q, &cos, &sin)?,
+            candle_nn::rotary_emb::rope(k, &cos, &sin)?,
+        ))
+    }
+}
+
 /// Inverse frequencies as transformers computes them (f32 arithmetic throughout).
 fn inv_freq(spec: RopeSpec, head_dim: usize) -> Vec<f32> {
     let base = spec.theta as f32;

@@ -31,14 +31,14 @@ pub enum GammaPolicy {
 }
 
 impl GammaPolicy {
-    fn first(&self) -> usize {
+    pub(super) fn first(&self) -> usize {
         match *self {
             GammaPolicy::Fixed(g) => g,
             GammaPolicy::Adaptive { start, min, max } => start.clamp(min, max),
         }
     }
 
-    fn next(&self, gamma: usize, proposed: usize, accepted: usize) -> usize {
+    pub(super) fn next(&self, gamma: usize, proposed: usize, accepted: usize) -> usize {
         match *self {
             GammaPolicy::Fixed(g) => g,
             GammaPolicy::Adaptive { min, max, .. } if proposed > 0 && accepted == proposed => {
@@ -63,7 +63,11 @@ pub struct GenParams {
 }
 
 /// Samples the token after the last row of `logits` (`[n, vocab]`).
-fn next_token(logits: &Tensor, sampling: &SamplingParams, rng: &mut StdRng) -> Result<u32> {
+pub(super) fn next_token(
+    logits: &Tensor,
+    sampling: &SamplingParams,
+    rng: &mut StdRng,
+) -> Result<u32> {
     let last = logits.get(logits.dim(0)? - 1)?;
     if sampling.is_greedy() {
         return Ok(last.argmax(0)?.to_scalar::<u32>()?);
@@ -73,15 +77,15 @@ fn next_token(logits: &Tensor, sampling: &SamplingParams, rng: &mut StdRng) -> R
 }
 
 /// Appends generated tokens one by one, stopping exactly at EOS or `max_new_tokens`.
-struct Output<'a> {
-    record: GenerationRecord,
+pub(super) struct Output<'a> {
+    pub(super) record: GenerationRecord,
     params: &'a GenParams,
     eos: &'a [u32],
 }
 
 impl Output<'_> {
     /// Pushes `token`; returns true when the generation must stop.
-    fn push(&mut self, token: u32) -> bool {
+    pub(super) fn push(&mut self, token: u32) -> bool {
         self.record.output_ids.push(token);
         if self.params.stop_at_eos && self.eos.contains(&token) {
             self.record.stop_reason = Some(StopReason::Eos);
@@ -94,7 +98,7 @@ impl Output<'_> {
 
 /// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
 /// it holds or its store has) and samples the first new token (not yet pushed to the output).
-fn prefill<'a, M: LanguageModel>(
+pub(super) fn prefill<'a, M: LanguageModel>(
     target: &'a M,
     seq: &mut CachedSequence,
     prompt: &[u32],
@@ -125,7 +129,7 @@ fn prefill<'a, M: LanguageModel>(
 }
 
 /// Runs `f` on `cache` wrapped in a fresh [`CachedSequence`] (so the cache is reset first).
-fn fresh_sequence<T>(
+pub(super) fn fresh_sequence<T>(
     cache: &mut ModelCache,
     f: impl FnOnce(&mut CachedSequence) -> Result<T>,
 ) -> Result<T> {

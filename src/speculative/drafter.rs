@@ -6,6 +6,7 @@ use rand::rngs::StdRng;
 
 use super::prefill::CachedSequence;
 use super::sampling::{argmax, sample, SamplingParams};
+use super::tree::{ChainTree, TreeDraft, TreeShape};
 use super::LanguageModel;
 use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
@@ -44,6 +45,20 @@ pub trait Drafter {
     ) -> Result<Box<dyn Draft + 'a>>;
     /// Model forwards run since the last reset.
     fn forwards(&self) -> usize;
+    /// Proposes a token tree of `shape` after `context`. The default drafts a chain of
+    /// `min(depth, budget)` tokens with [`Drafter::propose`]: the tree of width 1.
+    fn propose_tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        shape: TreeShape,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn TreeDraft + 'a>> {
+        let max = shape.depth.min(shape.budget);
+        Ok(Box::new(ChainTree::new(
+            self.propose(context, max, sampling, rng)?,
+        )))
+    }
 }
 
 /// A fixed list of drafts with nothing tentative to keep.
@@ -70,14 +85,14 @@ impl Draft for FixedDraft {
 /// (its correction or bonus token is drawn from `p`).
 pub struct ModelDrafter<M> {
     name: String,
-    model: Arc<M>,
+    pub(super) model: Arc<M>,
     /// The draft's cache and the committed tokens it holds (kept across generations, so a
     /// conversation's next turn prefills only its new tokens).
-    seq: CachedSequence,
+    pub(super) seq: CachedSequence,
     /// Stop drafting before a position whose largest draft probability is below this (the
     /// first draft is always proposed).
-    confidence: Option<f32>,
-    forwards: usize,
+    pub(super) confidence: Option<f32>,
+    pub(super) forwards: usize,
 }
 
 impl<M: LanguageModel> ModelDrafter<M> {
@@ -102,7 +117,7 @@ impl<M: LanguageModel> ModelDrafter<M> {
     /// and returns the last position's logits. When the draft holds a prefix of `context`
     /// this is one forward over the rest; otherwise (a new prompt, a new turn) a prefill
     /// that keeps what the draft's cache and store share with `context`.
-    fn sync(&mut self, context: &[u32]) -> Result<Tensor> {
+    pub(super) fn sync(&mut self, context: &[u32]) -> Result<Tensor> {
         let held = self.seq.tokens().len();
         let cache = self.seq.cache();
         if !cache.is_poisoned()
@@ -153,13 +168,36 @@ fn next_dist(
     let row = last.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     if sampling.is_greedy() {
         let token = argmax(&row);
-        let max = row[token] as f64;
-        let total: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
-        return Ok((NextDist::Argmax(token as u32), (1.0 / total) as f32));
+        return Ok((
+            NextDist::Argmax(token as u32),
+            greedy_confidence(&row, token),
+        ));
     }
     let q = sampling.probs(&row);
-    let conf = q.iter().copied().fold(0.0, f32::max);
+    let conf = largest(&q);
     Ok((NextDist::Probs(q), conf))
+}
+
+/// The softmax (T = 1) probability of the argmax `token` of logits `row`.
+fn greedy_confidence(row: &[f32], token: usize) -> f32 {
+    let max = row[token] as f64;
+    let total: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+    (1.0 / total) as f32
+}
+
+fn largest(q: &[f32]) -> f32 {
+    q.iter().copied().fold(0.0, f32::max)
+}
+
+/// The draft's confidence at a position whose next-token logits are `row`, as
+/// [`next_dist`] computes it: its largest probability (greedy: of the softmax at T = 1;
+/// sampled: of `q`). Tree drafting prunes with it.
+pub(super) fn confidence(row: &[f32], sampling: &SamplingParams) -> f32 {
+    if sampling.is_greedy() {
+        greedy_confidence(row, argmax(row))
+    } else {
+        largest(&sampling.probs(row))
+    }
 }
 
 /// Draws the draft token; returns it with the distribution it came from (sampling only).
@@ -253,5 +291,17 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
 
     fn forwards(&self) -> usize {
         self.forwards
+    }
+
+    /// EAGLE-2-style dynamic tree (see [`ModelDrafter::draft_tree`]), with the chain's
+    /// confidence threshold.
+    fn propose_tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        shape: TreeShape,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn TreeDraft + 'a>> {
+        self.draft_tree(context, shape, sampling, rng)
     }
 }

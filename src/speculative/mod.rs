@@ -13,9 +13,13 @@ mod decode;
 mod drafter;
 mod metrics;
 mod ngram;
+mod ngram_tree;
 mod oracle;
 mod prefill;
 mod sampling;
+mod tree;
+mod tree_decode;
+mod tree_draft;
 mod verify;
 
 use candle_core::Tensor;
@@ -30,6 +34,8 @@ pub use ngram::NgramDrafter;
 pub use oracle::{OracleDrafter, ReferenceStore};
 pub use prefill::{CachedSequence, PrefillStats, DEFAULT_CHECKPOINT_EVERY};
 pub use sampling::{argmax, sample, SamplingParams};
+pub use tree::{verify_tree, DraftTree, ResidualRule, TreeDraft, TreeShape, TreeVerdict};
+pub use tree_decode::{speculative_tree, speculative_tree_continue, TreeParams};
 pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};

@@ -3,6 +3,7 @@ use rand::rngs::StdRng;
 
 use super::drafter::{Draft, Drafter, FixedDraft};
 use super::sampling::SamplingParams;
+use super::tree::{FixedTree, TreeDraft, TreeShape};
 use crate::error::{Error, Result};
 
 /// Model-free drafter (Saxena 2023, "prompt lookup decoding"): finds the most recent earlier
@@ -28,6 +29,16 @@ impl NgramDrafter {
             min_ngram,
             max_ngram,
         })
+    }
+
+    /// Smallest n-gram matched.
+    pub fn min_ngram(&self) -> usize {
+        self.min_ngram
+    }
+
+    /// Largest n-gram matched.
+    pub fn max_ngram(&self) -> usize {
+        self.max_ngram
     }
 
     /// Up to `max` tokens that followed the latest earlier match of the context's suffix.
@@ -74,5 +85,16 @@ impl Drafter for NgramDrafter {
 
     fn forwards(&self) -> usize {
         0
+    }
+
+    /// Several continuations as a trie (see [`NgramDrafter::lookup_tree`]).
+    fn propose_tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        shape: TreeShape,
+        _sampling: &SamplingParams,
+        _rng: &mut StdRng,
+    ) -> Result<Box<dyn TreeDraft + 'a>> {
+        Ok(Box::new(FixedTree(self.lookup_tree(context, shape))))
     }
 }

@@ -1,0 +1,104 @@
+//! Token-tree speculation over a [`super::ModelCache`]: declaring a block's tree and committing an
+//! accepted root-to-node path, in every layer.
+use std::sync::Arc;
+
+use super::{LayerCache, Speculation};
+use crate::cache::{CacheError, TokenTree};
+use crate::error::Result;
+
+impl LayerCache {
+    /// RoPE positions (`base + depth`) of the next `t` appended tokens when the open
+    /// speculation's block is a token tree; `None` for consecutive positions from the offset.
+    pub fn tree_positions(&self, t: usize) -> Option<Vec<usize>> {
+        match self {
+            LayerCache::Kv(c) => c.tree_positions(t),
+            LayerCache::Rotating(c) => c.tree_positions(t),
+        }
+    }
+
+    fn set_tree(&mut self, tree: Arc<TokenTree>) {
+        match self {
+            LayerCache::Kv(c) => c.set_tree(tree),
+            LayerCache::Rotating(c) => c.set_tree(tree),
+        }
+    }
+
+    fn commit_path(&mut self, path: &[usize]) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) => c.commit_path(path),
+            LayerCache::Rotating(c) => c.commit_path(path),
+        }
+    }
+}
+
+impl Speculation<'_> {
+    /// Declares that the next appends are token-tree nodes with these parents (indices into
+    /// the whole block; `None` = a root after the committed history). Tokens appended before
+    /// the first call form a chain. Every appended token must be declared first: the forward
+    /// then gives node `i` the RoPE position `base + depth(i)` and lets it see history and
+    /// its ancestors only. Refused when `parents` is not topological or earlier declared
+    /// nodes are still unappended.
+    pub fn extend_tree(&mut self, parents: &[Option<usize>]) -> Result<()> {
+        let appended = self.appended();
+        let tree = match &self.tree {
+            Some(t) if t.len() != appended => {
+                return Err(CacheError::BadTree(format!(
+                    "{} nodes declared but {appended} appended",
+                    t.len()
+                ))
+                .into())
+            }
+            Some(t) => t.extended(parents)?,
+            None => TokenTree::chain(appended).extended(parents)?,
+        };
+        let tree = Arc::new(tree);
+        for layer in &mut self.cache.layers {
+            layer.set_tree(tree.clone());
+        }
+        self.tree = Some(tree);
+        Ok(())
+    }
+
+    /// The block's token tree (`None` while it is a plain chain).
+    pub fn tree(&self) -> Option<&TokenTree> {
+        self.tree.as_deref()
+    }
+
+    /// Keeps the appended nodes of `path`, a root-to-node path of block indices, as the
+    /// committed tokens `base..base + path.len()`, and closes the transaction. O(path length)
+    /// per layer. Without a tree the block is a chain and `path` must be `0..n`. Errors as
+    /// [`Speculation::commit`].
+    pub fn commit_path(mut self, path: &[usize]) -> Result<()> {
+        let appended = self.appended();
+        let chain;
+        let tree = match &self.tree {
+            Some(t) => t.as_ref(),
+            None => {
+                chain = TokenTree::chain(appended);
+                &chain
+            }
+        };
+        tree.check_path(path)?;
+        if let Some(&last) = path.iter().max() {
+            if last >= appended {
+                return Err(CacheError::CommitTooLong {
+                    n: last + 1,
+                    appended,
+                }
+                .into());
+            }
+        }
+        self.open = false;
+        self.cache.spec_base = None;
+        for i in 0..self.cache.layers.len() {
+            if let Err(e) = self.cache.layers[i].commit_path(path) {
+                self.cache.layers[i + 1..]
+                    .iter_mut()
+                    .for_each(LayerCache::rollback);
+                self.cache.poisoned = i > 0 || !path.is_empty();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}

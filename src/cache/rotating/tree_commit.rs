@@ -1,0 +1,68 @@
+//! Token-tree speculation on a [`super::RotatingKvCache`]: the block's tree, its RoPE
+//! positions and the commit of an accepted path, for both strategies.
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use super::{RotatingKvCache, RotatingStrategy};
+use crate::cache::kv::tree_positions;
+use crate::cache::tree::path_moves;
+use crate::cache::TokenTree;
+use crate::error::Result;
+
+impl RotatingKvCache {
+    /// Declares the tree the speculation's block follows (nodes appended so far included).
+    pub(crate) fn set_tree(&mut self, tree: Arc<TokenTree>) {
+        if let Some(spec) = &mut self.spec {
+            spec.tree = Some(tree);
+        }
+    }
+
+    /// RoPE positions of the next `t` appended tokens when the block is a tree.
+    pub(crate) fn tree_positions(&self, t: usize) -> Option<Vec<usize>> {
+        let spec = self.spec.as_ref()?;
+        let tree = spec.tree.as_ref()?;
+        Some(tree_positions(tree, spec.base, self.offset - spec.base, t))
+    }
+
+    /// Keeps the block nodes of `path` (checked root-to-node by the caller), O(path length).
+    /// Staged: the path's rows of the side buffer are appended to the ring. Slack: the
+    /// path's K/V move to consecutive positions from the base inside the ring (they lie in
+    /// its slack, so no history the window needs is touched), then the cursor moves.
+    pub(crate) fn commit_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some(spec) = &self.spec else {
+            return Ok(());
+        };
+        let base = spec.base;
+        match self.strategy {
+            RotatingStrategy::Staged => {
+                let staged = self.spec.take().and_then(|s| s.staged);
+                self.offset = base;
+                if let (Some((k, v)), false) = (staged, path.is_empty()) {
+                    let ids: Vec<u32> = path.iter().map(|&i| i as u32).collect();
+                    let ids = Tensor::new(ids.as_slice(), k.device())?;
+                    // index_select needs contiguous input; the staged K/V may be views.
+                    let (k, v) = (
+                        k.contiguous()?.index_select(&ids, 2)?,
+                        v.contiguous()?.index_select(&ids, 2)?,
+                    );
+                    self.ensure_ring(&k)?;
+                    self.store(&k, &v, base)?;
+                    self.offset = base + path.len();
+                }
+                Ok(())
+            }
+            RotatingStrategy::Slack { .. } => {
+                for (dest, src, len) in path_moves(path) {
+                    // Owned copies: a write from a view of the ring would alias it.
+                    let moved = self.logical(base + src, base + src + len)?;
+                    if let Some((k, v)) = moved {
+                        let (k, v) = (k.force_contiguous()?, v.force_contiguous()?);
+                        self.store(&k, &v, base + dest)?;
+                    }
+                }
+                self.commit(path.len())
+            }
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Property test of token-tree speculation in the cache layer: for random committed
+//! histories (rings that wrap many times), random trees appended one random chunk at a time
+//! and random accepted root-to-node paths, (1) inside the speculation every tree node's
+//! attention equals a fresh prefill of the history plus its own ancestors, and (2) after the
+//! path commit the cache equals a fresh prefill of the committed tokens — its logical window
+//! and attention over a probe. KV caches and both rotating strategies, 1000 cases each
+//! (`SPECDEC_TEST_CASES` overrides the count).
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::probe::{append, close, kv, logical, HEAD_DIM};
+use proptest::prelude::*;
+use specdec::cache::{
+    Attend, CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
+    TokenTree,
+};
+use specdec::Error;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Kv { step: usize },
+    Staged { window: usize },
+    Slack { window: usize, max_draft: usize },
+}
+
+impl Kind {
+    fn new_cache(self) -> ModelCache {
+        let layer = match self {
+            Kind::Kv { step } => LayerCache::Kv(KvCache::new(step)),
+            Kind::Staged { window } => LayerCache::Rotating(
+                RotatingKvCache::new(window, RotatingStrategy::Staged).unwrap(),
+            ),
+            Kind::Slack { window, max_draft } => LayerCache::Rotating(
+                RotatingKvCache::new(window, RotatingStrategy::Slack { max_draft }).unwrap(),
+            ),
+        };
+        ModelCache::new(vec![layer])
+    }
+
+    /// The most tokens one speculation may append.
+    fn max_spec(self) -> usize {
+        match self {
+            Kind::Slack { max_draft, .. } => max_draft + 2,
+            _ => usize::MAX,
+        }
+    }
+}
+
+fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
+    let mut c = kind.new_cache();
+    if !tokens.is_empty() {
+        append(&mut c, tokens);
+    }
+    c
+}
+
+/// K/V of `tokens` at the given positions (as [`kv`] encodes them).
+fn kv_at(tokens: &[u8], positions: &[usize]) -> (Tensor, Tensor) {
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    for (&t, &p) in tokens.iter().zip(positions) {
+        let (kt, vt) = kv(&[t], p);
+        k.push(kt);
+        v.push(vt);
+    }
+    (Tensor::cat(&k, 2).unwrap(), Tensor::cat(&v, 2).unwrap())
+}
+
+/// softmax(q kᵀ + mask) v with the same query for every row: `[q_len * HEAD_DIM]`.
+fn attend_rows(a: &Attend, q_len: usize) -> Vec<f32> {
+    let q: Vec<f32> = (0..q_len).flat_map(|_| [1.0f32, 0.7]).collect();
+    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
+    let (k, v) = a.joined().unwrap();
+    let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
+    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
+    if let Some(m) = &a.mask_tensor().unwrap() {
+        scores = scores.broadcast_add(m).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    let out = p.matmul(&v).unwrap();
+    out.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// The tokens of the root-to-`node` path, root first.
+fn path_to(tree: &TokenTree, node: usize) -> Vec<usize> {
+    let mut path = vec![node];
+    while let Some(p) = tree.parent(*path.last().unwrap()) {
+        path.push(p);
+    }
+    path.reverse();
+    path
+}
+
+/// The invariant: `cache` and a fresh prefill of `committed` look the same to attention.
+fn check_equivalent(kind: Kind, cache: &ModelCache, committed: &[u8], probe: &[u8]) {
+    assert_eq!(cache.offset(), committed.len(), "offset");
+    let reference = fresh(kind, committed);
+    assert_eq!(logical(cache), logical(&reference), "logical window K/V");
+    let mut a = cache.deep_clone().unwrap();
+    let mut b = reference;
+    let (ra, rb) = (append(&mut a, probe), append(&mut b, probe));
+    let (oa, ob) = (attend_rows(&ra, probe.len()), attend_rows(&rb, probe.len()));
+    assert!(close(&oa, &ob), "probe attention {oa:?} != {ob:?}");
+}
+
+/// One tree speculation: `parents[i] % (i + 1)` picks node `i`'s parent (`i` = a root, else
+/// node `parents[i] % (i + 1)`), nodes are appended in chunks of the given sizes, and the
+/// path to node `leaf % (n + 1)` is committed (`n` = nothing kept).
+#[derive(Debug, Clone)]
+struct TreeStep {
+    tokens: Vec<u8>,
+    parents: Vec<usize>,
+    chunks: Vec<usize>,
+    leaf: usize,
+}
+
+fn tree_step(kind: Kind, cache: &mut ModelCache, committed: &mut Vec<u8>, step: &TreeStep) {
+    let n = step.tokens.len().min(kind.max_spec());
+    let parents: Vec<Option<usize>> = (0..n)
+        .map(|i| Some(step.parents[i] % (i + 1)).filter(|&p| p < i))
+        .collect();
+    let tree = TokenTree::new(parents.clone()).unwrap();
+    let base = committed.len();
+    let mut spec = cache.speculate().unwrap();
+    let mut done = 0;
+    for &size in step.chunks.iter().chain([&n]) {
+        let end = (done + size.max(1)).min(n);
+        if done == end {
+            break;
+        }
+        spec.extend_tree(&parents[done..end]).unwrap();
+        let positions: Vec<usize> = (done..end).map(|i| base + tree.depth(i)).collect();
+        let layer = spec.cache().layer_mut(0).unwrap();
+        assert_eq!(layer.tree_positions(end - done), Some(positions.clone()));
+        let (k, v) = kv_at(&step.tokens[done..end], &positions);
+        let a = layer.append(&k, &v).unwrap();
+        let got = attend_rows(&a, end - done);
+        for (row, node) in (done..end).enumerate() {
+            // A fresh prefill of history + ancestors, then the node itself as the query.
+            let mut seen = committed.clone();
+            seen.extend(path_to(&tree, node).iter().map(|&i| step.tokens[i]));
+            let last = seen.pop().unwrap();
+            let mut reference = fresh(kind, &seen);
+            let want = attend_rows(&append(&mut reference, &[last]), 1);
+            let got = &got[row * HEAD_DIM..(row + 1) * HEAD_DIM];
+            assert!(close(got, &want), "node {node}: {got:?} != {want:?}");
+        }
+        done = end;
+    }
+    let path = match step.leaf % (n + 1) {
+        leaf if leaf == n => Vec::new(),
+        leaf => path_to(&tree, leaf),
+    };
+    spec.commit_path(&path).unwrap();
+    committed.extend(path.iter().map(|&i| step.tokens[i]));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Append(Vec<u8>),
+    Tree(TreeStep),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let tokens = |max: usize| prop::collection::vec(0u8..50, 1..=max);
+    let step = (tokens(10), prop::collection::vec(0usize..100, 10))
+        .prop_flat_map(move |(tokens, parents)| {
+            (
+                Just(tokens),
+                Just(parents),
+                prop::collection::vec(1usize..5, 0..5),
+                0usize..100,
+            )
+        })
+        .prop_map(|(tokens, parents, chunks, leaf)| {
+            Op::Tree(TreeStep {
+                tokens,
+                parents,
+                chunks,
+                leaf,
+            })
+        });
+    prop_oneof![2 => tokens(6).prop_map(Op::Append), 3 => step]
+}
+
+fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
+    let mut cache = kind.new_cache();
+    let mut committed: Vec<u8> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Append(t) => {
+                append(&mut cache, &t);
+                committed.extend(&t);
+            }
+            Op::Tree(step) => tree_step(kind, &mut cache, &mut committed, &step),
+        }
+        check_equivalent(kind, &cache, &committed, &probe);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: common::device::cases(1000), ..ProptestConfig::default() })]
+
+    #[test]
+    fn kv_tree_path_commit_matches_fresh_prefill(step in 1usize..5, ops in prop::collection::vec(op(), 1..12), probe in prop::collection::vec(0u8..50, 1..3)) {
+        run(Kind::Kv { step }, ops, probe);
+    }
+
+    #[test]
+    fn staged_tree_path_commit_matches_fresh_prefill(window in 1usize..7, ops in prop::collection::vec(op(), 1..12), probe in prop::collection::vec(0u8..50, 1..3)) {
+        run(Kind::Staged { window }, ops, probe);
+    }
+
+    #[test]
+    fn slack_tree_path_commit_matches_fresh_prefill(window in 1usize..7, max_draft in 0usize..9, ops in prop::collection::vec(op(), 1..12), probe in prop::collection::vec(0u8..50, 1..3)) {
+        run(Kind::Slack { window, max_draft }, ops, probe);
+    }
+}
+
+/// Bad trees and paths are refused, and the refusal leaves the cache as it was.
+#[test]
+fn bad_trees_and_paths_are_refused() {
+    let mut cache = fresh(Kind::Kv { step: 4 }, &[1, 2, 3]);
+    let mut spec = cache.speculate().unwrap();
+    let bad = spec.extend_tree(&[None, Some(1)]);
+    assert!(matches!(bad, Err(Error::Cache(CacheError::BadTree(_)))));
+    spec.extend_tree(&[None, Some(0), Some(0)]).unwrap();
+    let (k, v) = kv(&[4, 5], 3);
+    spec.cache().layer_mut(0).unwrap().append(&k, &v).unwrap();
+    let (k, v) = kv(&[6, 7], 5);
+    let past = spec.cache().layer_mut(0).unwrap().append(&k, &v);
+    assert!(matches!(past, Err(Error::Cache(CacheError::BadTree(_)))));
+    // Node 2 is declared but not appended; [0, 2] is a path of the tree.
+    assert!(spec.commit_path(&[0, 2]).is_err());
+    assert_eq!(cache.offset(), 3, "a refused commit rolls back");
+    let mut spec = cache.speculate().unwrap();
+    spec.extend_tree(&[None, Some(0), Some(0)]).unwrap();
+    let (k, v) = kv(&[4, 5, 6], 3);
+    spec.cache().layer_mut(0).unwrap().append(&k, &v).unwrap();
+    assert!(spec.commit_path(&[1]).is_err(), "node 1 is not a root");
+    assert_eq!(cache.offset(), 3);
+}

@@ -1,0 +1,144 @@
+//! Tree speculation on the shipped trained pair (`models/target`: Mistral with a sliding
+//! window of 64 → rotating caches; `models/draft`: Llama, full attention): greedy tree
+//! speculative output equals greedy autoregressive output token for token, for every tested
+//! width, budget and γ, on both rotating strategies, generating far past the window; and the
+//! width-1 tree is the chain, step for step.
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::RotatingStrategy;
+use specdec::models::{load_tokenizer, LoadOptions, Model};
+use specdec::speculative::{
+    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, ModelDrafter,
+    NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+};
+
+fn load(name: &str) -> Model {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name);
+    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
+}
+
+fn prompt(text: &str) -> Vec<u32> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let tok = load_tokenizer(&dir).expect("tokenizer");
+    tok.encode(text, false).expect("encode").get_ids().to_vec()
+}
+
+fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
+    GenParams {
+        max_new_tokens,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(gamma),
+        stop_at_eos: true,
+    }
+}
+
+fn tree(width: usize, budget: usize) -> TreeParams {
+    TreeParams {
+        width,
+        budget,
+        residual: ResidualRule::Exact,
+    }
+}
+
+/// (γ, width, budget): chains, budgets below and above what the width fills, wide trees.
+const SHAPES: [(usize, usize, usize); 6] = [
+    (4, 1, 4),
+    (4, 2, 4),
+    (4, 2, 16),
+    (3, 3, 12),
+    (6, 2, 7),
+    (2, 4, 20),
+];
+
+#[test]
+fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
+    let target = load("target");
+    assert_eq!(target.info().sliding_window, Some(64));
+    let draft = Arc::new(load("draft"));
+    let p = prompt("class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, ");
+    // The slack ring must roll back the largest block: budget + 1 tokens.
+    for strategy in [
+        RotatingStrategy::Staged,
+        RotatingStrategy::Slack { max_draft: 20 },
+    ] {
+        let mut cache = target.new_cache(strategy).unwrap();
+        let mut rng = StdRng::seed_from_u64(0);
+        // 160 new tokens: well past the 64-token window.
+        let ar = autoregressive(&target, &mut cache, &p, &greedy(160, 1), &mut rng).unwrap();
+        for (gamma, width, budget) in SHAPES {
+            let drafters: Vec<Box<dyn Drafter>> = vec![
+                Box::new(ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap()),
+                Box::new(
+                    ModelDrafter::new("draft-conf", draft.clone(), strategy, Some(0.5)).unwrap(),
+                ),
+                Box::new(NgramDrafter::new("ngram", 1, 3).unwrap()),
+            ];
+            for mut d in drafters {
+                let params = greedy(160, gamma);
+                let shape = tree(width, budget);
+                let sp = speculative_tree(
+                    &target,
+                    &mut cache,
+                    d.as_mut(),
+                    &p,
+                    &params,
+                    &shape,
+                    &mut rng,
+                )
+                .unwrap();
+                let name = d.name().to_string();
+                assert_eq!(
+                    sp.output_ids, ar.output_ids,
+                    "{name} γ={gamma} width={width} budget={budget} {strategy:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Step for step, with and without a confidence threshold (which stops chains and prunes
+/// trees before the same positions).
+#[test]
+fn a_tree_of_width_one_is_the_chain() {
+    for confidence in [None, Some(0.4), Some(0.8)] {
+        width_one_is_the_chain(confidence);
+    }
+}
+
+fn width_one_is_the_chain(confidence: Option<f32>) {
+    let target = load("target");
+    let draft = Arc::new(load("draft"));
+    let p = prompt("import os\n\n\ndef ");
+    let strategy = RotatingStrategy::Staged;
+    let mut cache = target.new_cache(strategy).unwrap();
+    let mut rng = StdRng::seed_from_u64(0);
+    let mut d = ModelDrafter::new("draft", draft, strategy, confidence).unwrap();
+    let params = greedy(120, 4);
+    let chain = speculative(&target, &mut cache, &mut d, &p, &params, &mut rng).unwrap();
+    let as_tree = speculative_tree(
+        &target,
+        &mut cache,
+        &mut d,
+        &p,
+        &params,
+        &TreeParams::chain(4),
+        &mut rng,
+    )
+    .unwrap();
+    let c = format!("confidence {confidence:?}");
+    assert_eq!(as_tree.output_ids, chain.output_ids, "{c}");
+    assert_eq!(as_tree.accepted, chain.accepted, "accepted per step, {c}");
+    assert_eq!(as_tree.proposed, chain.proposed, "proposed per step, {c}");
+    assert_eq!(as_tree.draft_forwards, chain.draft_forwards, "{c}");
+    assert_eq!(as_tree.target_forwards, chain.target_forwards, "{c}");
+    if confidence == Some(0.8) {
+        assert!(
+            chain.proposed.iter().any(|&p| p < 4),
+            "the threshold stops some chains early"
+        );
+    }
+}
