@@ -7,7 +7,7 @@
 //! (`SPECDEC_TEST_CASES` overrides the count).
 mod common;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use common::probe::{append, close, kv, logical, HEAD_DIM};
 use proptest::prelude::*;
 use specdec::cache::{
@@ -68,7 +68,7 @@ fn kv_at(tokens: &[u8], positions: &[usize]) -> (Tensor, Tensor) {
 /// softmax(q kᵀ + mask) v with the same query for every row: `[q_len * HEAD_DIM]`.
 fn attend_rows(a: &Attend, q_len: usize) -> Vec<f32> {
     let q: Vec<f32> = (0..q_len).flat_map(|_| [1.0f32, 0.7]).collect();
-    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
+    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &common::device()).unwrap();
     let (k, v) = a.joined().unwrap();
     let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
     let mut scores = q.matmul(&k.t().unwrap()).unwrap();
