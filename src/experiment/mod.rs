@@ -10,6 +10,8 @@
 
 mod chat;
 mod config;
+mod context;
+mod cost;
 mod dataset;
 mod load;
 mod load_config;
@@ -18,14 +20,18 @@ mod plot;
 mod report;
 mod run;
 mod runner;
+mod schedule;
+mod stats;
 mod sweep;
 mod validate;
 
 pub use chat::{encode_prompt, ChatTemplate};
 pub use config::{
     AdaptiveGamma, CacheChoice, DatasetConfig, DeviceChoice, DrafterConfig, DrafterKind,
-    DtypeChoice, ExperimentConfig, GammaChoice, List, Method, SweepConfig, TargetConfig,
+    DtypeChoice, ExperimentConfig, GammaChoice, List, Method, RunOrder, SweepConfig, TargetConfig,
 };
+pub use context::{check_context, context_limit};
+pub use cost::{CostModel, Measured, TOLERANCE};
 pub use dataset::{load_prompts, Prompt};
 pub use load::{check_vocabulary, select_device, LoadedModel};
 pub use load_config::apply_override;
@@ -34,4 +40,6 @@ pub use plot::write_plots;
 pub use report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
 pub use run::{run_experiment, RunOptions, RunOutcome};
 pub use runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
+pub use schedule::{pairing_groups, schedule, Slot};
+pub use stats::{median, median_interval, paired_ratios, MedianInterval};
 pub use sweep::{rotating_strategy, sweep_points, SweepPoint};

@@ -11,6 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::chat::{encode_prompt, ChatTemplate};
 use super::config::{DrafterKind, ExperimentConfig};
+use super::context::check_context;
 use super::dataset::load_prompts;
 use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
 use super::output::{default_result_path, ResultDir};
@@ -75,6 +76,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let dir = ResultDir::plan(out)?;
     let tokenizer = load_tokenizer(&config.target.path)?;
     let prompts = encode_prompts(config, &tokenizer)?;
+    check_context(config, &prompts)?;
     let device = select_device(config.device)?;
     let load = load_options(device.clone(), config.dtype);
     let mut target = LoadedModel::load(&config.target.path, &load)?;

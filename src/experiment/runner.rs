@@ -7,7 +7,9 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
+use super::schedule::{last_use, schedule};
 use super::sweep::{rotating_strategy, SweepPoint};
+use crate::cache::ModelCache;
 use crate::error::{Error, Result};
 use crate::speculative::{
     autoregressive, speculative, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
@@ -85,6 +87,12 @@ pub struct ResultRecord {
     pub new_tokens: usize,
     /// `new_tokens / wall_s`.
     pub tokens_per_s: f64,
+    /// Repeat of this generation, from 0 (see `repeats`).
+    #[serde(default)]
+    pub repeat: usize,
+    /// Position of this generation in the run's order, from 0 (see `order`).
+    #[serde(default)]
+    pub sequence: usize,
 }
 
 impl ResultRecord {
@@ -101,6 +109,8 @@ impl ResultRecord {
             output_text: String::new(),
             new_tokens: 0,
             tokens_per_s: 0.0,
+            repeat: 0,
+            sequence: 0,
         }
     }
 
@@ -110,6 +120,12 @@ impl ResultRecord {
         self.output_text = text;
         self.generation = g;
     }
+}
+
+/// What a point keeps between its generations.
+struct PointState {
+    cache: ModelCache,
+    drafter: Option<Box<dyn Drafter>>,
 }
 
 /// Told about the sweep's progress; the default methods do nothing.
@@ -160,7 +176,10 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         Ok(())
     }
 
-    /// Runs `points` in order, every prompt each, and returns the records in that order.
+    /// Runs every prompt at every point `config.repeats` times, in `config.order` (see
+    /// [`schedule`]), and returns the records in the order they ran. Each point keeps one
+    /// target cache and drafter for all its generations (reset per generation, so buffers
+    /// grown by one generation are reused by the next), dropped after its last generation.
     pub fn run(
         &self,
         config: &ExperimentConfig,
@@ -168,39 +187,66 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         observer: &mut dyn SweepObserver,
     ) -> Result<Vec<ResultRecord>> {
         let max_gamma = config.max_gamma();
-        let mut records = Vec::with_capacity(points.len() * self.prompts.len());
-        for (index, point) in points.iter().enumerate() {
-            observer.point_started(index, points.len(), point);
-            let strategy = rotating_strategy(point.cache, max_gamma);
-            let mut cache = self.target.new_cache(strategy)?;
-            let mut drafter = self.drafter(point, strategy)?;
-            let params = GenParams {
-                max_new_tokens: config.max_new_tokens,
-                sampling: point.sampling(),
-                gamma: point.gamma_policy(config.sweep.adaptive),
-                stop_at_eos: config.stop_at_eos,
-            };
-            for prompt in &self.prompts {
-                let seed = point.generation_seed(config.seed, &prompt.id);
-                let mut rng = StdRng::seed_from_u64(seed);
-                let target = self.target.as_ref();
-                let generation = match drafter.as_deref_mut() {
-                    None => autoregressive(target, &mut cache, &prompt.tokens, &params, &mut rng),
-                    Some(d) => {
-                        speculative(target, &mut cache, d, &prompt.tokens, &params, &mut rng)
-                    }
-                }
-                .map_err(|e| {
-                    Error::invalid(format!("{} on prompt {}: {e}", point.label(), prompt.id))
-                })?;
-                let mut record = ResultRecord::new(index, point, prompt, seed);
-                let text = (self.decode)(&generation.output_ids)?;
-                record.fill(generation, text);
-                observer.record(&record)?;
-                records.push(record);
+        let slots = schedule(points, self.prompts.len(), config.repeats, config.order);
+        let last = last_use(&slots, points.len());
+        let mut state: Vec<Option<PointState>> = (0..points.len()).map(|_| None).collect();
+        let mut records = Vec::with_capacity(slots.len());
+        let mut previous = None;
+        for (sequence, slot) in slots.iter().enumerate() {
+            let point = &points[slot.point];
+            if previous != Some(slot.point) {
+                observer.point_started(slot.point, points.len(), point);
+                previous = Some(slot.point);
+            }
+            if state[slot.point].is_none() {
+                let strategy = rotating_strategy(point.cache, max_gamma);
+                state[slot.point] = Some(PointState {
+                    cache: self.target.new_cache(strategy)?,
+                    drafter: self.drafter(point, strategy)?,
+                });
+            }
+            let st = state[slot.point].as_mut().expect("created above");
+            let prompt = &self.prompts[slot.prompt];
+            let mut record = self.generate(config, point, st, prompt)?;
+            record.point = slot.point;
+            record.repeat = slot.repeat;
+            record.sequence = sequence;
+            observer.record(&record)?;
+            records.push(record);
+            if last[slot.point] == Some(sequence) {
+                state[slot.point] = None;
             }
         }
         Ok(records)
+    }
+
+    /// One generation of `prompt` at `point` with the point's cache and drafter.
+    fn generate(
+        &self,
+        config: &ExperimentConfig,
+        point: &SweepPoint,
+        st: &mut PointState,
+        prompt: &EncodedPrompt,
+    ) -> Result<ResultRecord> {
+        let params = GenParams {
+            max_new_tokens: config.max_new_tokens,
+            sampling: point.sampling(),
+            gamma: point.gamma_policy(config.sweep.adaptive),
+            stop_at_eos: config.stop_at_eos,
+        };
+        let seed = point.generation_seed(config.seed, &prompt.id);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let target = self.target.as_ref();
+        let cache = &mut st.cache;
+        let generation = match st.drafter.as_deref_mut() {
+            None => autoregressive(target, cache, &prompt.tokens, &params, &mut rng),
+            Some(d) => speculative(target, cache, d, &prompt.tokens, &params, &mut rng),
+        }
+        .map_err(|e| Error::invalid(format!("{} on prompt {}: {e}", point.label(), prompt.id)))?;
+        let mut record = ResultRecord::new(0, point, prompt, seed);
+        let text = (self.decode)(&generation.output_ids)?;
+        record.fill(generation, text);
+        Ok(record)
     }
 
     /// The drafter of a speculative point (with fresh caches), `None` for autoregressive.

@@ -158,6 +158,10 @@ pub fn speculative<M: LanguageModel>(
     let start = Instant::now();
     drafter.reset()?;
     let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
+    // The drafter's own pass over the prompt is prefill too: time to first token.
+    let t_prefill = Instant::now();
+    drafter.prefill(prompt)?;
+    out.record.prefill_s += t_prefill.elapsed().as_secs_f64();
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();

@@ -27,6 +27,11 @@ pub trait Drafter {
     fn name(&self) -> &str;
     /// Forgets per-sequence state before a new prompt.
     fn reset(&mut self) -> Result<()>;
+    /// Reads the prompt before the first proposal (after [`Drafter::reset`]), so that its
+    /// cost is booked as prefill (time to first token), not drafting. Default: nothing to read.
+    fn prefill(&mut self, _prompt: &[u32]) -> Result<()> {
+        Ok(())
+    }
     /// Proposes up to `max` tokens after `context` (every committed token, prompt included).
     fn propose<'a>(
         &'a mut self,
@@ -141,6 +146,17 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     fn reset(&mut self) -> Result<()> {
         self.cache.reset();
         self.forwards = 0;
+        Ok(())
+    }
+
+    /// Runs the draft model over the prompt; the first proposal then feeds only the tokens
+    /// committed after it.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        self.cache.reset();
+        if !prompt.is_empty() {
+            self.model.forward_last(prompt, &mut self.cache)?;
+            self.forwards += 1;
+        }
         Ok(())
     }
 
