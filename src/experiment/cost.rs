@@ -202,8 +202,14 @@ mod tests {
 
     #[test]
     fn a_row_within_tolerance_is_not_flagged() {
-        assert_eq!(flag(&model(2.0, 3.0), &measured(2.15, (2.0, 2.3), 2.2)), None);
-        assert_eq!(flag(&model(2.0, 3.0), &measured(1.85, (1.7, 2.0), 1.9)), None);
+        assert_eq!(
+            flag(&model(2.0, 3.0), &measured(2.15, (2.0, 2.3), 2.2)),
+            None
+        );
+        assert_eq!(
+            flag(&model(2.0, 3.0), &measured(1.85, (1.7, 2.0), 1.9)),
+            None
+        );
     }
 
     #[test]
@@ -217,7 +223,10 @@ mod tests {
     fn a_gap_explained_by_prefill_names_prefill() {
         let f = flag(&model(2.0, 3.0), &measured(1.6, (1.5, 1.7), 1.95)).unwrap();
         assert!(f.contains("-20% from (b) = 2.00"), "{f}");
-        assert!(f.contains("prefill") && f.contains("20% of this point"), "{f}");
+        assert!(
+            f.contains("prefill") && f.contains("20% of this point"),
+            "{f}"
+        );
     }
 
     #[test]
@@ -229,7 +238,10 @@ mod tests {
     #[test]
     fn an_unexplained_gap_says_so() {
         let f = flag(&model(2.0, 3.0), &measured(2.6, (2.5, 2.7), 2.7)).unwrap();
-        assert!(f.contains("+30% from (b)") && f.contains("not explained"), "{f}");
+        assert!(
+            f.contains("+30% from (b)") && f.contains("not explained"),
+            "{f}"
+        );
     }
 
     fn ar_point() -> crate::experiment::SweepPoint {
@@ -284,7 +296,10 @@ mod tests {
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(m.t_s, 1e-3) && close(m.draft_per_step, 0.8), "{m:?}");
         assert!(close(m.v, 1.2) && close(m.overhead, 0.1), "{m:?}");
-        assert!(close(m.predicted, 3.0 / 2.1) && close(m.bound, 2.5), "{m:?}");
+        assert!(
+            close(m.predicted, 3.0 / 2.1) && close(m.bound, 2.5),
+            "{m:?}"
+        );
         assert_eq!(m.flag, None);
     }
 }

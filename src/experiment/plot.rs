@@ -58,7 +58,10 @@ pub fn write_plots(dir: &Path, rows: &[PointSummary]) -> Result<Vec<PathBuf>> {
     };
     save("acceptance_vs_gamma.svg", acceptance_vs_gamma(&panels)?)?;
     save("speedup_vs_gamma.svg", speedup_vs_gamma(&panels)?)?;
-    save("acceptance_per_position.svg", acceptance_per_position(&panels)?)?;
+    save(
+        "acceptance_per_position.svg",
+        acceptance_per_position(&panels)?,
+    )?;
     Ok(written)
 }
 
@@ -128,9 +131,10 @@ fn merge_coincident(series: Vec<Series>) -> Vec<Series> {
         let same = |o: &Series| {
             o.dashed == s.dashed
                 && o.points.len() == s.points.len()
-                && o.points.iter().zip(&s.points).all(|(a, b)| {
-                    (a.0 - b.0).abs() < 1e-9 && (a.1 - b.1).abs() < 1e-9
-                })
+                && o.points
+                    .iter()
+                    .zip(&s.points)
+                    .all(|(a, b)| (a.0 - b.0).abs() < 1e-9 && (a.1 - b.1).abs() < 1e-9)
                 && o.interval == s.interval
         };
         match out.iter_mut().find(|o| same(o)) {
@@ -325,7 +329,10 @@ where
                 vec![(x - cap, lo), (x + cap, lo)],
                 vec![(x - cap, hi), (x + cap, hi)],
             ] {
-                ctx.draw_series(std::iter::once(PathElement::new(path, color.stroke_width(1))))?;
+                ctx.draw_series(std::iter::once(PathElement::new(
+                    path,
+                    color.stroke_width(1),
+                )))?;
             }
         }
     }
@@ -337,8 +344,11 @@ where
         .collect();
     if !merged.is_empty() {
         let note = format!("{}: identical, drawn once", merged[0]);
-        ctx.plotting_area()
-            .draw(&Text::new(note, (figure.x.0, figure.y.1), ("sans-serif", 12)))?;
+        ctx.plotting_area().draw(&Text::new(
+            note,
+            (figure.x.0, figure.y.1),
+            ("sans-serif", 12),
+        ))?;
     }
     Ok(())
 }
@@ -362,8 +372,15 @@ where
     let mut x = 20;
     for cache in caches {
         let color = cache_color(cache);
-        area.draw(&PathElement::new([(x, 16), (x + 30, 16)], color.stroke_width(3)))?;
-        area.draw(&Text::new(format!("cache = {cache}"), (x + 36, 9), ("sans-serif", 13)))?;
+        area.draw(&PathElement::new(
+            [(x, 16), (x + 30, 16)],
+            color.stroke_width(3),
+        ))?;
+        area.draw(&Text::new(
+            format!("cache = {cache}"),
+            (x + 36, 9),
+            ("sans-serif", 13),
+        ))?;
         x += 150;
     }
     let mut x = 20;

@@ -156,7 +156,9 @@ pub fn summarize(points: &[SweepPoint], records: &[ResultRecord]) -> Vec<PointSu
             base_row.verify_s,
             base_row.target_forwards.saturating_sub(base_row.prompts) as f64,
         );
-        row.cost_ratio = draft_unit.zip(target_forward_s).and_then(|(d, t)| ratio(d, t));
+        row.cost_ratio = draft_unit
+            .zip(target_forward_s)
+            .and_then(|(d, t)| ratio(d, t));
         row.predicted_speedup = predicted(row);
         let measured = interval.map(|m| Measured {
             speedup: m.median,
@@ -336,7 +338,14 @@ pub fn markdown_table(rows: &[PointSummary]) -> String {
     }
     let flagged: Vec<String> = rows
         .iter()
-        .filter_map(|r| Some(format!("* #{} `{}`: {}\n", r.point, r.label, r.cost.as_ref()?.flag.as_ref()?)))
+        .filter_map(|r| {
+            Some(format!(
+                "* #{} `{}`: {}\n",
+                r.point,
+                r.label,
+                r.cost.as_ref()?.flag.as_ref()?
+            ))
+        })
         .collect();
     if !flagged.is_empty() {
         out += "\nFlagged rows (measured speedup more than 10% from (b), or above τ / v):\n\n";

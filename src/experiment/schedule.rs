@@ -19,10 +19,7 @@ pub struct Slot {
 /// True when `a` and `b` are compared with each other: same sampling and cache (the
 /// autoregressive point of that setting is the baseline of the speculative ones).
 fn same_pairing(a: &SweepPoint, b: &SweepPoint) -> bool {
-    a.temperature == b.temperature
-        && a.top_k == b.top_k
-        && a.top_p == b.top_p
-        && a.cache == b.cache
+    a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.cache == b.cache
 }
 
 /// Groups of point indices that are compared with each other, in order of first appearance;
@@ -30,10 +27,7 @@ fn same_pairing(a: &SweepPoint, b: &SweepPoint) -> bool {
 pub fn pairing_groups(points: &[SweepPoint]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for (i, p) in points.iter().enumerate() {
-        match groups
-            .iter_mut()
-            .find(|g| same_pairing(&points[g[0]], p))
-        {
+        match groups.iter_mut().find(|g| same_pairing(&points[g[0]], p)) {
             Some(g) => g.push(i),
             None => groups.push(vec![i]),
         }
@@ -135,8 +129,10 @@ mod tests {
     #[test]
     fn interleaved_runs_a_group_back_to_back_per_prompt_rotating() {
         let slots = schedule(&sweep(), 2, 2, RunOrder::Interleaved);
-        let order: Vec<(usize, usize, usize)> =
-            slots.iter().map(|s| (s.repeat, s.prompt, s.point)).collect();
+        let order: Vec<(usize, usize, usize)> = slots
+            .iter()
+            .map(|s| (s.repeat, s.prompt, s.point))
+            .collect();
         #[rustfmt::skip]
         let want = vec![
             (0, 0, 0), (0, 0, 2), (0, 0, 3),

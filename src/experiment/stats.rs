@@ -96,7 +96,12 @@ mod tests {
     #[test]
     fn paired_ratios_match_keys_not_positions() {
         let spec = [((0, "a"), 6.0), ((0, "b"), 9.0), ((1, "a"), 8.0)];
-        let base = [((1, "a"), 4.0), ((0, "b"), 3.0), ((0, "a"), 2.0), ((2, "z"), 1.0)];
+        let base = [
+            ((1, "a"), 4.0),
+            ((0, "b"), 3.0),
+            ((0, "a"), 2.0),
+            ((2, "z"), 1.0),
+        ];
         assert_eq!(paired_ratios(&spec, &base), vec![3.0, 3.0, 2.0]);
         // A missing partner or a zero denominator drops the pair.
         assert_eq!(paired_ratios(&spec, &[((0, "a"), 0.0)]), Vec::<f64>::new());
@@ -118,7 +123,9 @@ mod tests {
     #[test]
     fn interval_brackets_the_median_and_lies_within_the_data() {
         // 1.00, 1.01, ..., 1.99 (shuffled order does not matter).
-        let values: Vec<f64> = (0..100).map(|i| 1.0 + ((i * 37) % 100) as f64 / 100.0).collect();
+        let values: Vec<f64> = (0..100)
+            .map(|i| 1.0 + ((i * 37) % 100) as f64 / 100.0)
+            .collect();
         let i = median_interval(&values).unwrap();
         assert!((i.median - 1.495).abs() < 1e-12);
         assert!(i.low < i.median && i.median < i.high, "{i:?}");
