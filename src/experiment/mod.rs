@@ -4,10 +4,13 @@
 //! ```text
 //! ExperimentConfig::load(file, --set overrides)  ─► validate() (structure) ─► check_paths()
 //!   ─► tokenizer, prompts (chat template), models (vocabulary check)
+//!   ─► check_context(): prompt + max_new_tokens within every model's context
 //!   ─► sweep_points(): autoregressive first (the baselines), then speculative
-//!   ─► Session::run ─► results.jsonl ─► summarize ─► summary.md / summary.csv / plots/*.svg
+//!   ─► Session::run in schedule() order (repeats; interleaved or grouped) ─► results.jsonl
+//!   ─► summarize (paired speedups, cost model) ─► summary.md / summary.csv / plots/*.svg
 //! ```
 
+mod by_prompt;
 mod chat;
 mod config;
 mod context;
@@ -25,6 +28,7 @@ mod stats;
 mod sweep;
 mod validate;
 
+pub use by_prompt::{prompt_markdown, prompt_rows, PromptRow};
 pub use chat::{encode_prompt, ChatTemplate};
 pub use config::{
     AdaptiveGamma, CacheChoice, DatasetConfig, DeviceChoice, DrafterConfig, DrafterKind,

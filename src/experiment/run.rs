@@ -9,6 +9,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokenizers::Tokenizer;
 
+use super::by_prompt::{prompt_markdown, prompt_rows};
 use super::chat::{encode_prompt, ChatTemplate};
 use super::config::{DrafterKind, ExperimentConfig};
 use super::context::check_context;
@@ -119,6 +120,10 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         &format!("{}\n{checks}", markdown(&title, &context, &summaries)),
     )?;
     write(&partial.join("summary.csv"), &csv(&summaries))?;
+    write(
+        &partial.join("by_prompt.md"),
+        &prompt_markdown(&prompt_rows(&points, &records)),
+    )?;
     write_plots(&partial.join("plots"), &summaries)?;
     let dir = dir.finish()?;
     Ok(RunOutcome {

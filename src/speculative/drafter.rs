@@ -154,7 +154,7 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
         self.cache.reset();
         if !prompt.is_empty() {
-            self.model.forward_last(prompt, &mut self.cache)?;
+            super::decode::prefill_last(self.model.as_ref(), prompt, &mut self.cache)?;
             self.forwards += 1;
         }
         Ok(())
