@@ -58,14 +58,19 @@ pub fn prompt_rows(points: &[SweepPoint], records: &[ResultRecord]) -> Vec<Promp
                 .iter()
                 .filter(|r| r.point == i && r.prompt_id == id)
                 .filter_map(|r| {
-                    let b = records.iter().find(|b| {
-                        b.point == base && b.prompt_id == id && b.repeat == r.repeat
-                    })?;
+                    let b = records
+                        .iter()
+                        .find(|b| b.point == base && b.prompt_id == id && b.repeat == r.repeat)?;
                     Some((r, b))
                 })
                 .collect();
             let med = |f: &dyn Fn(&ResultRecord, &ResultRecord) -> Option<f64>| {
-                median(&pairs.iter().filter_map(|(r, b)| f(r, b)).collect::<Vec<_>>())
+                median(
+                    &pairs
+                        .iter()
+                        .filter_map(|(r, b)| f(r, b))
+                        .collect::<Vec<_>>(),
+                )
             };
             let row = (|| {
                 Some(PromptRow {

@@ -173,6 +173,31 @@ fn cause(model: &CostModel, m: &Measured) -> String {
     }
 }
 
+/// The CSV columns from `repeats` to `flag` (see `report::csv`'s header).
+pub(crate) fn csv_columns(r: &PointSummary) -> String {
+    let num = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
+    let c = r.cost.as_ref();
+    let flag = c
+        .and_then(|c| c.flag.as_deref())
+        .map_or_else(String::new, |f| format!("\"{}\"", f.replace('"', "\"\"")));
+    format!(
+        ",{},{},{},{},{},{:.6},{:.6},{},{},{},{},{},{},{flag}",
+        r.repeats,
+        r.pairs,
+        num(r.speedup_interval.map(|i| i.0)),
+        num(r.speedup_interval.map(|i| i.1)),
+        num(r.decode_speedup),
+        r.prefill_s,
+        r.other_s,
+        num(c.map(|c| c.draft_per_step)),
+        num(c.map(|c| c.v)),
+        num(c.map(|c| c.overhead)),
+        num(c.map(|c| c.overhead_share)),
+        num(c.map(|c| c.predicted)),
+        num(c.map(|c| c.bound)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

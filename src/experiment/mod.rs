@@ -19,6 +19,7 @@ mod dataset;
 mod load;
 mod load_config;
 mod output;
+mod paired;
 mod plot;
 mod report;
 mod run;

@@ -42,6 +42,9 @@ struct Figure<'a> {
     reference: Option<f64>,
     /// What solid and dashed lines mean (empty: all solid, nothing to explain).
     line_key: &'a [(&'a str, bool)],
+    /// Horizontal shift of each cache's series (± this), so that error bars at the same γ
+    /// stay apart.
+    jitter: f64,
 }
 
 /// Writes the plots into `dir` and returns their paths (none without speculative points).
@@ -170,23 +173,25 @@ fn acceptance_vs_gamma(panels: &PanelRows) -> Result<Option<String>> {
         y: (0.0, 1.05),
         reference: None,
         line_key: &[],
+        jitter: 0.0,
     };
     render(&figure, &built)
 }
 
 fn speedup_vs_gamma(panels: &PanelRows) -> Result<Option<String>> {
     let built = build(panels, |rows| {
-        let measured: Vec<(f64, f64, Option<(f64, f64)>)> = rows
-            .iter()
-            .filter_map(|(g, r)| Some((*g as f64, r.speedup?, r.speedup_interval)))
-            .collect();
+        let measured: Vec<&(usize, &PointSummary)> =
+            rows.iter().filter(|(_, r)| r.speedup.is_some()).collect();
         let predicted = rows
             .iter()
             .filter_map(|(g, r)| Some((*g as f64, r.cost.as_ref()?.predicted)));
         vec![
             series(
-                measured.iter().map(|m| (m.0, m.1)).collect(),
-                measured.iter().map(|m| m.2).collect(),
+                measured
+                    .iter()
+                    .map(|(g, r)| (*g as f64, r.speedup.unwrap_or(0.0)))
+                    .collect(),
+                measured.iter().map(|(_, r)| r.speedup_interval).collect(),
                 false,
             ),
             series(predicted.collect(), Vec::new(), true),
@@ -211,6 +216,7 @@ fn speedup_vs_gamma(panels: &PanelRows) -> Result<Option<String>> {
             ("measured (median, 95% interval)", false),
             ("predicted (b) τ/(γc+v+o)", true),
         ],
+        jitter: 0.06,
     };
     render(&figure, &built)
 }
@@ -241,6 +247,7 @@ fn acceptance_per_position(panels: &PanelRows) -> Result<Option<String>> {
         y: (0.0, 1.05),
         reference: None,
         line_key: &[],
+        jitter: 0.0,
     };
     render(&figure, &built)
 }
@@ -315,42 +322,56 @@ where
     for s in &panel.series {
         let color = cache_color(s.caches[0]);
         let style = color.stroke_width(2);
+        let dx = match s.caches.as_slice() {
+            [CacheChoice::Staged] => -figure.jitter,
+            [CacheChoice::Slack] => figure.jitter,
+            _ => 0.0,
+        };
+        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x + dx, y)).collect();
         if s.dashed {
-            ctx.draw_series(DashedLineSeries::new(s.points.clone(), 6, 4, style))?;
+            ctx.draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?;
         } else {
-            ctx.draw_series(LineSeries::new(s.points.clone(), style))?;
-            ctx.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+            ctx.draw_series(LineSeries::new(points.clone(), style))?;
+            ctx.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }
-        for (&(x, _), iv) in s.points.iter().zip(&s.interval) {
-            let Some((lo, hi)) = *iv else { continue };
-            let cap = 0.08;
-            for path in [
-                vec![(x, lo), (x, hi)],
-                vec![(x - cap, lo), (x + cap, lo)],
-                vec![(x - cap, hi), (x + cap, hi)],
-            ] {
-                ctx.draw_series(std::iter::once(PathElement::new(
-                    path,
-                    color.stroke_width(1),
-                )))?;
-            }
+        let bars = points.iter().zip(&s.interval);
+        let bars = bars.filter_map(|(&(x, _), iv)| iv.map(|(lo, hi)| error_bar(x, lo, hi)));
+        for bar in bars.flatten() {
+            ctx.draw_series(std::iter::once(PathElement::new(
+                bar,
+                color.stroke_width(1),
+            )))?;
         }
     }
-    let merged: Vec<String> = panel
-        .series
-        .iter()
-        .filter(|s| s.caches.len() > 1)
-        .map(|s| caches_name(&s.caches))
-        .collect();
-    if !merged.is_empty() {
-        let note = format!("{}: identical, drawn once", merged[0]);
-        ctx.plotting_area().draw(&Text::new(
-            note,
-            (figure.x.0, figure.y.1),
-            ("sans-serif", 12),
-        ))?;
+    if let Some(note) = merged_note(panel) {
+        // Just inside the top-left corner of the plotting area.
+        let at = (
+            figure.x.0 + 0.03 * (figure.x.1 - figure.x.0),
+            figure.y.1 - 0.02 * (figure.y.1 - figure.y.0),
+        );
+        ctx.plotting_area()
+            .draw(&Text::new(note, at, ("sans-serif", 12)))?;
     }
     Ok(())
+}
+
+/// "staged = slack: identical, drawn once" when series of the panel were merged.
+fn merged_note(panel: &Panel) -> Option<String> {
+    let merged = panel.series.iter().find(|s| s.caches.len() > 1)?;
+    Some(format!(
+        "{}: identical, drawn once",
+        caches_name(&merged.caches)
+    ))
+}
+
+/// The three strokes of a vertical error bar from `lo` to `hi` at `x`, with caps.
+fn error_bar(x: f64, lo: f64, hi: f64) -> [Vec<(f64, f64)>; 3] {
+    let cap = 0.08;
+    [
+        vec![(x, lo), (x, hi)],
+        vec![(x - cap, lo), (x + cap, lo)],
+        vec![(x - cap, hi), (x + cap, hi)],
+    ]
 }
 
 /// The shared legend: one colour per cache strategy present, what solid and dashed mean.

@@ -3,9 +3,10 @@
 use serde::Serialize;
 
 use super::config::GammaChoice;
-use super::cost::{cost_model, CostModel, Measured};
+use super::cost::CostModel;
+use super::paired::against_baseline;
 use super::runner::ResultRecord;
-use super::stats::{median, median_interval, paired_ratios};
+use super::stats::median;
 use super::sweep::SweepPoint;
 
 /// The measurements of one sweep point over all prompts (sums, then ratios of sums).
@@ -108,7 +109,7 @@ impl PointSummary {
     }
 }
 
-fn ratio(num: f64, den: f64) -> Option<f64> {
+pub(crate) fn ratio(num: f64, den: f64) -> Option<f64> {
     (den > 0.0).then(|| num / den)
 }
 
@@ -131,86 +132,12 @@ pub fn summarize(points: &[SweepPoint], records: &[ResultRecord]) -> Vec<PointSu
     for (i, base) in bases.into_iter().enumerate() {
         let Some(base) = base else { continue };
         let base_row = rows[base].clone();
-        let row = &mut rows[i];
-        let ends = paired(records, i, base, ResultRecord::tokens_per_s_of);
-        let decode = paired(records, i, base, ResultRecord::decode_tokens_per_s);
-        let interval = median_interval(&ends);
-        row.pairs = ends.len();
-        row.speedup = interval.map(|m| m.median);
-        row.speedup_interval = interval.map(|m| (m.low, m.high));
-        row.decode_speedup = median(&decode);
-        if row.settings.gamma.is_none() {
-            continue;
+        against_baseline(&mut rows[i], &base_row, records);
+        if rows[i].settings.gamma.is_some() {
+            rows[i].predicted_speedup = predicted(&rows[i]);
         }
-        // Model drafters: seconds per draft forward, the draft's prefill forward (booked as
-        // prefill) left out. Model-free drafters run no forward: seconds per proposed token.
-        let draft_unit = if row.draft_forwards > 0 {
-            ratio(
-                row.draft_s,
-                row.draft_forwards.saturating_sub(row.prompts) as f64,
-            )
-        } else {
-            ratio(row.draft_s, row.proposed as f64)
-        };
-        let target_forward_s = ratio(
-            base_row.verify_s,
-            base_row.target_forwards.saturating_sub(base_row.prompts) as f64,
-        );
-        row.cost_ratio = draft_unit
-            .zip(target_forward_s)
-            .and_then(|(d, t)| ratio(d, t));
-        row.predicted_speedup = predicted(row);
-        let measured = interval.map(|m| Measured {
-            speedup: m.median,
-            interval: (m.low, m.high),
-            decode_speedup: row.decode_speedup,
-        });
-        let pairs: Vec<_> = records
-            .iter()
-            .filter(|r| r.point == i)
-            .filter_map(|r| {
-                let b = records.iter().find(|b| {
-                    b.point == base && b.repeat == r.repeat && b.prompt_id == r.prompt_id
-                })?;
-                Some((&r.generation, &b.generation))
-            })
-            .collect();
-        row.cost = cost_model(row, &base_row, &pairs, measured);
     }
     rows
-}
-
-/// Ratios `metric(record of point) / metric(record of base)` paired by (repeat, prompt).
-fn paired(
-    records: &[ResultRecord],
-    point: usize,
-    base: usize,
-    metric: fn(&ResultRecord) -> Option<f64>,
-) -> Vec<f64> {
-    let of = |p: usize| -> Vec<((usize, &str), f64)> {
-        records
-            .iter()
-            .filter(|r| r.point == p)
-            .filter_map(|r| Some(((r.repeat, r.prompt_id.as_str()), metric(r)?)))
-            .collect()
-    };
-    paired_ratios(&of(point), &of(base))
-}
-
-impl ResultRecord {
-    /// New tokens per wall second.
-    fn tokens_per_s_of(&self) -> Option<f64> {
-        ratio(self.new_tokens as f64, self.generation.wall_s)
-    }
-
-    /// Tokens after the first per second after prefill.
-    fn decode_tokens_per_s(&self) -> Option<f64> {
-        let g = &self.generation;
-        ratio(
-            self.new_tokens.saturating_sub(1) as f64,
-            g.wall_s - g.prefill_s,
-        )
-    }
 }
 
 fn sum_point<'a>(
@@ -453,7 +380,7 @@ pub fn csv(rows: &[PointSummary]) -> String {
             num(r.cost_ratio),
             num(r.predicted_speedup),
         );
-        out += &cost_columns(r);
+        out += &super::cost::csv_columns(r);
         for i in 0..width {
             out += ",";
             out += &r
@@ -464,31 +391,6 @@ pub fn csv(rows: &[PointSummary]) -> String {
         out += "\n";
     }
     out
-}
-
-/// The CSV columns from `repeats` to `flag` (see [`csv`]'s header).
-fn cost_columns(r: &PointSummary) -> String {
-    let num = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
-    let c = r.cost.as_ref();
-    let flag = c
-        .and_then(|c| c.flag.as_deref())
-        .map_or_else(String::new, |f| format!("\"{}\"", f.replace('"', "\"\"")));
-    format!(
-        ",{},{},{},{},{},{:.6},{:.6},{},{},{},{},{},{},{flag}",
-        r.repeats,
-        r.pairs,
-        num(r.speedup_interval.map(|i| i.0)),
-        num(r.speedup_interval.map(|i| i.1)),
-        num(r.decode_speedup),
-        r.prefill_s,
-        r.other_s,
-        num(c.map(|c| c.draft_per_step)),
-        num(c.map(|c| c.v)),
-        num(c.map(|c| c.overhead)),
-        num(c.map(|c| c.overhead_share)),
-        num(c.map(|c| c.predicted)),
-        num(c.map(|c| c.bound)),
-    )
 }
 
 /// What the `cache` sweep showed: tokens/s per rotating-cache strategy over the same points
