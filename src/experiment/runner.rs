@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
-use super::schedule::{last_use, schedule};
+use super::schedule::{schedule, turn_ends};
 use super::sweep::{rotating_strategy, SweepPoint};
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
@@ -177,9 +177,10 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     }
 
     /// Runs every prompt at every point `config.repeats` times, in `config.order` (see
-    /// [`schedule`]), and returns the records in the order they ran. Each point keeps one
-    /// target cache and drafter for all its generations (reset per generation, so buffers
-    /// grown by one generation are reused by the next), dropped after its last generation.
+    /// [`schedule`]), and returns the records in the order they ran. Within a turn (see
+    /// [`turn_ends`]) each point keeps one target cache and drafter (reset per generation, so
+    /// buffers grown by one generation are reused by the next); they are dropped at the end
+    /// of the turn, so only one pairing group's caches are held at a time.
     pub fn run(
         &self,
         config: &ExperimentConfig,
@@ -188,7 +189,7 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     ) -> Result<Vec<ResultRecord>> {
         let max_gamma = config.max_gamma();
         let slots = schedule(points, self.prompts.len(), config.repeats, config.order);
-        let last = last_use(&slots, points.len());
+        let ends = turn_ends(&slots, points, config.order);
         let mut state: Vec<Option<PointState>> = (0..points.len()).map(|_| None).collect();
         let mut records = Vec::with_capacity(slots.len());
         let mut previous = None;
@@ -213,8 +214,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             record.sequence = sequence;
             observer.record(&record)?;
             records.push(record);
-            if last[slot.point] == Some(sequence) {
-                state[slot.point] = None;
+            if ends[sequence] {
+                state.iter_mut().for_each(|s| *s = None);
             }
         }
         Ok(records)

@@ -41,9 +41,11 @@ pub fn pairing_groups(points: &[SweepPoint]) -> Vec<Vec<usize>> {
 /// Every generation of the run, in the order it runs.
 ///
 /// * `Grouped`: per repeat, every prompt of point 0, then of point 1, … (the sweep's order).
-/// * `Interleaved`: per pairing group (see [`pairing_groups`]), per repeat, per prompt, the
+/// * `Interleaved`: per repeat, per pairing group (see [`pairing_groups`]), per prompt, the
 ///   group's points back to back, rotated left by `repeat + prompt` so that each point runs
-///   first, second, … equally often and no point always follows the same one.
+///   first, second, … equally often and no point always follows the same one. Repeats are
+///   the outer loop so that each group's repeats are spread over the whole run: a slow phase
+///   of the machine then lands in every group instead of one group's whole measurement.
 pub fn schedule(
     points: &[SweepPoint],
     prompts: usize,
@@ -66,8 +68,9 @@ pub fn schedule(
             }
         }
         RunOrder::Interleaved => {
-            for group in pairing_groups(points) {
-                for repeat in 0..repeats {
+            let groups = pairing_groups(points);
+            for repeat in 0..repeats {
+                for group in &groups {
                     for prompt in 0..prompts {
                         let mut turn = group.clone();
                         turn.rotate_left((repeat + prompt) % group.len());
@@ -84,14 +87,28 @@ pub fn schedule(
     slots
 }
 
-/// `[i]`: the position in `slots` of point `i`'s last generation (`None` when it never
-/// runs), so per-point state can be dropped as soon as it is no longer needed.
-pub fn last_use(slots: &[Slot], points: usize) -> Vec<Option<usize>> {
-    let mut last = vec![None; points];
-    for (i, s) in slots.iter().enumerate() {
-        last[s.point] = Some(i);
-    }
-    last
+/// `[i]`: true when `slots[i]` ends a *turn*: the slots of one repeat of one pairing group
+/// (interleaved) or of one point (grouped) that run back to back. The runner keeps per-point
+/// state (caches, drafters) for one turn only, so only one group's caches are held at a time.
+pub fn turn_ends(slots: &[Slot], points: &[SweepPoint], order: RunOrder) -> Vec<bool> {
+    let groups = pairing_groups(points);
+    let turn = |s: &Slot| match order {
+        RunOrder::Grouped => (s.repeat, s.point),
+        RunOrder::Interleaved => (
+            s.repeat,
+            groups
+                .iter()
+                .position(|g| g.contains(&s.point))
+                .unwrap_or(0),
+        ),
+    };
+    (0..slots.len())
+        .map(|i| {
+            slots
+                .get(i + 1)
+                .is_none_or(|next| turn(next) != turn(&slots[i]))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -137,14 +154,20 @@ mod tests {
         let want = vec![
             (0, 0, 0), (0, 0, 2), (0, 0, 3),
             (0, 1, 2), (0, 1, 3), (0, 1, 0),
-            (1, 0, 2), (1, 0, 3), (1, 0, 0),
-            (1, 1, 3), (1, 1, 0), (1, 1, 2),
             (0, 0, 1), (0, 0, 4),
             (0, 1, 4), (0, 1, 1),
+            (1, 0, 2), (1, 0, 3), (1, 0, 0),
+            (1, 1, 3), (1, 1, 0), (1, 1, 2),
             (1, 0, 4), (1, 0, 1),
             (1, 1, 1), (1, 1, 4),
         ];
         assert_eq!(order, want);
+        let ends: Vec<usize> = turn_ends(&slots, &sweep(), RunOrder::Interleaved)
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.then_some(i))
+            .collect();
+        assert_eq!(ends, [5, 9, 15, 19]);
     }
 
     #[test]
@@ -156,6 +179,8 @@ mod tests {
             [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
         );
         assert!(slots[..10].iter().all(|s| s.repeat == 0));
+        let ends = turn_ends(&slots, &sweep(), RunOrder::Grouped);
+        assert!(ends.iter().enumerate().all(|(i, e)| *e == (i % 2 == 1)));
     }
 
     #[test]
