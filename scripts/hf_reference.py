@@ -26,6 +26,18 @@ Cases (directory names); all: vocab 256, hidden 64, intermediate 96 (gemma: 64),
                    attn_logit_softcapping stays null: Gemma3Attention in transformers 5.17 stores the
                    value but never passes it to the attention function, so it has no effect there.
   gemma3_nosoftcap same as gemma3 (other random weights) without any softcapping (both null).
+  gemma3_linear    same shape as gemma3, linear rope scaling (factor 8) on the full-attention layer,
+                   max_position_embeddings 4096; reference.json also has long_input_ids (2064 ids),
+                   long_logits_from (2040) and long_logits (positions 2040..2063 of one forward), so
+                   decoding crosses position 2048 (where the Rust RoPE table grows).
+  qwen2_sliding    Qwen2ForCausalLM, 3 layers, use_sliding_window, sliding_window 8, max_window_layers 1:
+                   layer 0 full attention, layers 1-2 sliding.
+  gemma3_attn_softcap same shape as gemma3, attn_logit_softcapping 2.0 applied in the reference by
+                   patching Gemma3Attention to pass it to eager_attention_forward as `softcap` (Gemma 2's
+                   semantics; unpatched transformers ignores it for Gemma 3, and so does our loader).
+  (gemma3_linear, qwen2_sliding and gemma3_attn_softcap were added later with the same script and
+   versions: python3 scripts/hf_reference.py --out tests/fixtures/hf \
+       --only gemma3_linear qwen2_sliding gemma3_attn_softcap)
 
 Files per case:
   config.json, generation_config.json, *.safetensors[, model.safetensors.index.json]
@@ -88,6 +100,7 @@ import tempfile
 import torch
 
 import transformers
+from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -246,6 +259,57 @@ def case_specs():
             norm="gemma",
             notes="Same shape as gemma3 (different random weights) with final_logit_softcapping null.",
         ),
+        # Cases below were added later; appended so that the seeds (seed + index) of the ones
+        # above, and hence their committed fixtures, stay the same.
+        "gemma3_linear": dict(
+            cls=Gemma3ForCausalLM,
+            cfg=Gemma3TextConfig(
+                **dict(
+                    gemma_common,
+                    max_position_embeddings=4096,
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                    },
+                ),
+                final_logit_softcapping=30.0,
+                attn_logit_softcapping=None,
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="gemma",
+            long=True,
+            notes="Same shape as gemma3 with linear rope scaling (factor 8) on the full-attention layer, "
+            "as Gemma 3 4B+ checkpoints; reference.json also holds logits past position 2048 (long_*).",
+        ),
+        "qwen2_sliding": dict(
+            cls=Qwen2ForCausalLM,
+            cfg=Qwen2Config(
+                **dict(COMMON, num_hidden_layers=3),
+                use_sliding_window=True,
+                sliding_window=8,
+                max_window_layers=1,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="mul",
+            notes="Qwen2 with use_sliding_window, sliding_window 8, max_window_layers 1: layer 0 full "
+            "attention, layers 1-2 sliding (layer_types in 5.x; derived from max_window_layers in 4.x).",
+        ),
+        "gemma3_attn_softcap": dict(
+            cls=Gemma3ForCausalLM,
+            cfg=Gemma3TextConfig(**gemma_common, final_logit_softcapping=30.0, attn_logit_softcapping=2.0),
+            save_dtype=torch.float32,
+            shard=None,
+            norm="gemma",
+            attn_softcap=True,
+            notes="Same shape as gemma3 with attn_logit_softcapping 2.0 APPLIED: transformers' Gemma3Attention "
+            "ignores it, so the reference runs with its forward patched to pass softcap to Gemma's own "
+            "eager_attention_forward (tanh(scores / cap) * cap after scaling, before the mask: Gemma 2's "
+            "semantics). The Rust loader ignores the key like transformers; the test enables the softcap.",
+        ),
     }
 
 
@@ -358,7 +422,12 @@ def to_v4_config(cfg5: dict) -> dict:
             c["rope_scaling"] = None
         else:
             c["rope_scaling"] = rp
-        if layer_types is not None:
+        if layer_types is not None and c.get("use_sliding_window"):
+            # 4.x derives the sliding layers from max_window_layers.
+            first = c["max_window_layers"]
+            derived = ["sliding_attention" if i >= first else "full_attention" for i in range(c["num_hidden_layers"])]
+            assert derived == layer_types, (derived, layer_types)
+        elif layer_types is not None:
             assert all(t == "full_attention" for t in layer_types), layer_types
         if c.get("use_sliding_window") is False and c.get("sliding_window") is None:
             # 4.x Qwen configs carried a window size even with use_sliding_window=false
@@ -395,7 +464,72 @@ def check_v4_roundtrip(case_dir, v4, ref_logits, input_ids):
         shutil.rmtree(tmp)
 
 
+LONG_LEN = 2064  # past 2048, the first RoPE table size of the Rust implementation
+LONG_FROM = 2040  # logits are kept for positions [LONG_FROM, LONG_LEN) only (fixture size)
+
+
+@torch.no_grad()
+def long_reference(ref, gen):
+    """Logits of the last LONG_LEN - LONG_FROM positions of one forward over LONG_LEN tokens,
+    cross-checked against a cached prefill of LONG_FROM tokens followed by one-token steps."""
+    ids = torch.randint(0, VOCAB, (LONG_LEN,), generator=gen).tolist()
+    full = ref(torch.tensor([ids]), use_cache=False).logits[0, LONG_FROM:].float()
+    out = ref(torch.tensor([ids[:LONG_FROM]]), use_cache=True)
+    pkv, steps = out.past_key_values, []
+    for t in range(LONG_FROM, LONG_LEN):
+        o = ref(torch.tensor([[ids[t]]]), past_key_values=pkv, use_cache=True)
+        pkv = o.past_key_values
+        steps.append(o.logits[0])
+    err = float((torch.cat(steps, 0) - full).abs().max())
+    assert err < 1e-4, f"long incremental decode differs from full forward by {err}"
+    return {
+        "long_input_ids": ids,
+        "long_logits_from": LONG_FROM,
+        "long_logits": [[round_sig(v) for v in row] for row in full.tolist()],
+    }
+
+
+class attention_softcap:
+    """Within this context Gemma3Attention applies config.attn_logit_softcapping (as Gemma 2
+    does) by passing it as `softcap` to the attention function; transformers 5.x ignores it."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __enter__(self):
+        if self.enabled:
+            self.orig = Gemma3Attention.forward
+            orig = self.orig
+
+            def forward(module, *args, **kwargs):
+                kwargs["softcap"] = module.attn_logit_softcapping
+                return orig(module, *args, **kwargs)
+
+            Gemma3Attention.forward = forward
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            Gemma3Attention.forward = self.orig
+
+
 def build_case(name, spec, out_root, seed):
+    with attention_softcap(spec.get("attn_softcap", False)):
+        size = build_case_inner(name, spec, out_root, seed)
+    if spec.get("attn_softcap"):
+        # The patch must matter: the same weights without it give other logits.
+        ref = AutoModelForCausalLM.from_pretrained(os.path.join(out_root, name), dtype=torch.float32,
+                                                   attn_implementation="eager").eval()
+        with open(os.path.join(out_root, name, "reference.json")) as fh:
+            refj = json.load(fh)
+        with torch.no_grad():
+            plain = ref(torch.tensor([refj["input_ids"]]), use_cache=False).logits[0].float()
+        effect = float((plain - torch.tensor(refj["logits"])).abs().max())
+        assert effect > 0.5, f"attention softcap changes logits by only {effect}"
+        print(f"{name}: the attention softcap changes logits by up to {effect:.2f}")
+    return size
+
+
+def build_case_inner(name, spec, out_root, seed):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     cfg = spec["cfg"]
@@ -475,6 +609,7 @@ def build_case(name, spec, out_root, seed):
         f"(all {SEQ_LEN} positions, rounded to 7 significant digits). greedy: the {NEW_TOKENS} new tokens of "
         f"model.generate(prompt, do_sample=False) with eos disabled (prompt not included)." + extra
     )
+    long = long_reference(ref, gen) if spec.get("long") else {}
     refj = {
         "case": name,
         "model_class": spec["cls"].__name__,
@@ -484,6 +619,7 @@ def build_case(name, spec, out_root, seed):
         "greedy": greedy,
         "greedy_min_margin": round_sig(margin, 4),
         "notes": notes,
+        **long,
     }
     with open(os.path.join(case_dir, "reference.json"), "w") as fh:
         json.dump(refj, fh, separators=(",", ":"))

@@ -1,16 +1,19 @@
 //! Exact-value tests of each cache operation on tiny tensors (`[1, 1, seq, 1]`, K = position,
 //! V = 10 × position), so every expected tensor can be written out literally.
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use specdec::cache::{
     merge, split, CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };
 use specdec::Error;
 
+#[path = "common/device.rs"]
+mod device;
+
 /// K/V for positions `[from, from + n)`: K = position, V = 10 × position.
 fn kv(from: usize, n: usize) -> (Tensor, Tensor) {
     let k: Vec<f32> = (from..from + n).map(|p| p as f32).collect();
     let v: Vec<f32> = k.iter().map(|x| x * 10.0).collect();
-    let dev = Device::Cpu;
+    let dev = device::device();
     (
         Tensor::from_vec(k, (1, 1, n, 1), &dev).unwrap(),
         Tensor::from_vec(v, (1, 1, n, 1), &dev).unwrap(),

@@ -5,9 +5,11 @@
 //! Run for KV caches and both rotating strategies, with windows small enough that the rings
 //! wrap many times.
 mod common;
+mod ring_model;
 
 use common::probe::{append, attend, close, kv, logical};
 use proptest::prelude::*;
+use ring_model::Ring;
 use specdec::cache::{
     merge, split, Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache,
     RotatingKvCache, RotatingStrategy,
@@ -46,6 +48,15 @@ impl Kind {
     fn rotating(self) -> bool {
         !matches!(self, Kind::Kv { .. })
     }
+
+    /// The independent model of a rotating cache's ring; `None` for a KV cache.
+    fn ring(self) -> Option<Ring> {
+        match self {
+            Kind::Kv { .. } => None,
+            Kind::Staged { window } => Some(Ring::new(window, window)),
+            Kind::Slack { window, max_draft } => Some(Ring::new(window, window + max_draft + 1)),
+        }
+    }
 }
 
 fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
@@ -71,11 +82,13 @@ fn check_equivalent(kind: Kind, cache: &ModelCache, committed: &[u8], probe: &[u
 }
 
 /// A snapshot and the model of its contents: the tokens of `[from, to)` and, for rotating
-/// caches, the whole committed history at `to` (its window is what it restores).
+/// caches, the whole committed history at `to` (its window is what it restores) and the first
+/// position the ring model says it holds.
 struct Snap {
     snap: CacheSnapshot,
     tokens: Vec<u8>,
     history: Vec<u8>,
+    held_from: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -116,10 +129,11 @@ fn op() -> impl Strategy<Value = Op> {
 fn speculate(
     kind: Kind,
     cache: &mut ModelCache,
-    committed: &mut Vec<u8>,
+    (committed, ring): (&mut Vec<u8>, &mut Option<Ring>),
     chunks: &[Vec<u8>],
     commit: Option<usize>,
 ) {
+    let base = committed.len();
     let mut appended: Vec<u8> = Vec::new();
     let mut spec = cache.speculate().unwrap();
     for chunk in chunks {
@@ -141,6 +155,10 @@ fn speculate(
             close(&attend(&a, chunk.len()), &attend(&r, chunk.len())),
             "speculative attention"
         );
+        // A slack ring is written through; a staged cache keeps the chunk aside.
+        if let (Some(r), Kind::Slack { .. }) = (ring.as_mut(), kind) {
+            r.write(base + appended.len(), chunk);
+        }
         appended.extend(chunk);
     }
     match commit {
@@ -148,6 +166,9 @@ fn speculate(
             let n = c % (appended.len() + 1);
             spec.commit(n).unwrap();
             committed.extend(&appended[..n]);
+            if let Some(r) = ring.as_mut() {
+                r.write(base, &appended[..n]);
+            }
         }
         None => drop(spec),
     }
@@ -158,22 +179,27 @@ fn append_result(cache: &mut ModelCache, tokens: &[u8]) -> specdec::Result<Atten
     cache.layer_mut(0)?.append(&k, &v)
 }
 
+/// Restores, and checks a refusal happens exactly when the ring model says the window the
+/// target needs is gone (a KV cache: when the live prefix before the snapshot is missing).
 fn restore(
     kind: Kind,
     cache: &mut ModelCache,
-    committed: &mut Vec<u8>,
+    (committed, ring): (&mut Vec<u8>, &mut Option<Ring>),
     snaps: &[Snap],
-    snap: Option<usize>,
-    back: usize,
+    (snap, back): (Option<usize>, usize),
 ) {
     let before = logical(cache);
     match snap.and_then(|i| snaps.get(i % snaps.len().max(1))) {
         None => {
             let target = committed.len().saturating_sub(back);
+            let reachable = ring.as_ref().is_none_or(|r| r.reachable(target, committed));
             match cache.restore(None, target) {
-                Ok(()) => committed.truncate(target),
+                Ok(()) => {
+                    assert!(reachable, "rewind to {target} done though unreachable");
+                    committed.truncate(target);
+                }
                 Err(Error::Cache(CacheError::Unreachable { .. })) => {
-                    assert!(kind.rotating(), "a KV cache can always rewind");
+                    assert!(!reachable, "rewind to {target} refused though reachable");
                     assert_eq!(logical(cache), before, "refusal changed the cache");
                 }
                 Err(e) => panic!("unexpected error {e}"),
@@ -181,15 +207,24 @@ fn restore(
         }
         Some(s) => {
             let target = s.snap.to().saturating_sub(back).max(s.snap.from());
-            match cache.restore(Some(&s.snap), target) {
-                Ok(()) if kind.rotating() => *committed = s.history[..target].to_vec(),
+            let reachable = match ring.as_ref() {
+                Some(r) => r.serves(s.held_from, target),
+                None => s.snap.from() <= committed.len(),
+            };
+            let result = cache.restore(Some(&s.snap), target);
+            assert_eq!(result.is_ok(), reachable, "restore to {target}: {result:?}");
+            match result {
+                Ok(()) if kind.rotating() => {
+                    *committed = s.history[..target].to_vec();
+                    if let Some(r) = ring.as_mut() {
+                        r.restore(s.held_from, target, &s.history);
+                    }
+                }
                 Ok(()) => {
                     committed.truncate(s.snap.from());
                     committed.extend(&s.tokens[..target - s.snap.from()]);
                 }
                 Err(Error::Cache(CacheError::Unreachable { .. })) => {
-                    let kv_reachable = !kind.rotating() && s.snap.from() <= committed.len();
-                    assert!(!kv_reachable, "KV restore refused though reachable");
                     assert_eq!(logical(cache), before, "refusal changed the cache");
                 }
                 Err(e) => panic!("unexpected error {e}"),
@@ -201,15 +236,20 @@ fn restore(
 fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
     let mut cache = kind.new_cache();
     let mut committed: Vec<u8> = Vec::new();
+    let mut ring = kind.ring();
     let mut snaps: Vec<Snap> = Vec::new();
     for op in ops {
         match op {
             Op::Append(t) => {
                 append(&mut cache, &t);
+                if let Some(r) = ring.as_mut() {
+                    r.write(committed.len(), &t);
+                }
                 committed.extend(&t);
             }
             Op::Speculate { chunks, commit } => {
-                speculate(kind, &mut cache, &mut committed, &chunks, commit)
+                let model = (&mut committed, &mut ring);
+                speculate(kind, &mut cache, model, &chunks, commit)
             }
             Op::Snapshot(choice) => {
                 let from = match choice % 3 {
@@ -222,14 +262,17 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
                 };
                 let snap = cache.snapshot(from).unwrap();
                 assert_eq!((snap.from(), snap.to()), (from, committed.len()));
+                let to = committed.len();
                 snaps.push(Snap {
                     snap,
                     tokens: committed[from..].to_vec(),
                     history: committed.clone(),
+                    held_from: ring.as_ref().map_or(0, |r| r.held_from(to, &committed)),
                 });
             }
             Op::Restore { snap, back } => {
-                restore(kind, &mut cache, &mut committed, &snaps, snap, back)
+                let model = (&mut committed, &mut ring);
+                restore(kind, &mut cache, model, &snaps, (snap, back))
             }
             Op::Merge(a, b) if !snaps.is_empty() => {
                 let (a, b) = (&snaps[a % snaps.len()], &snaps[b % snaps.len()]);
@@ -238,10 +281,13 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
                         let mut tokens = a.tokens.clone();
                         tokens.extend(&b.tokens);
                         let history = b.history.clone();
+                        // A rotating merge keeps the child's window.
+                        let held_from = b.held_from;
                         snaps.push(Snap {
                             snap: m,
                             tokens,
                             history,
+                            held_from,
                         });
                     }
                     Err(_) => assert_ne!(a.snap.to(), b.snap.from(), "adjacent merge refused"),
@@ -260,12 +306,14 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
                             snap: l,
                             tokens: lt,
                             history: history.clone(),
+                            held_from: 0,
                         };
                         snaps.push(left);
                         snaps.push(Snap {
                             snap: r,
                             tokens: rt,
                             history,
+                            held_from: 0,
                         });
                     }
                     Err(e) => {
@@ -291,7 +339,7 @@ fn kind_slack() -> impl Strategy<Value = Kind> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::device::cases(1000), ..ProptestConfig::default() })]
 
     #[test]
     fn kv_cache_matches_fresh_prefill(kind in kind_kv(), ops in prop::collection::vec(op(), 1..40), probe in tokens(3)) {

@@ -88,7 +88,7 @@ fn spec_of(strategy: RollbackStrategy) -> impl Strategy<Value = StrategySpec> {
 macro_rules! strategy_matches_fresh_prefill {
     ($($name:ident: $strategy:expr;)*) => {
         proptest! {
-            #![proptest_config(ProptestConfig { cases: 250, ..ProptestConfig::default() })]
+            #![proptest_config(ProptestConfig { cases: common::device::cases(250), ..ProptestConfig::default() })]
             $(
                 #[test]
                 fn $name(

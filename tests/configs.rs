@@ -323,3 +323,29 @@ fn overrides_are_dotted_paths_with_toml_values() {
         .to_string();
     assert!(err.contains("`seed` is a value"), "{err}");
 }
+
+#[test]
+fn oracle_drafters_are_validated() {
+    let base = "[drafters.o]\nkind = \"oracle\"\n";
+    let missing = load_err(&format!("{base}[sweep]\ntemperature = [0]\n"));
+    assert!(missing.contains("drafters.o.alpha: required"), "{missing}");
+    let range = load_err(&format!("{base}alpha = 1.5\n[sweep]\ntemperature = [0]\n"));
+    assert!(
+        range.contains("drafters.o.alpha = 1.5: must be in [0, 1]"),
+        "{range}"
+    );
+    let sampled = load_err(&format!(
+        "{base}alpha = 0.8\n[sweep]\ntemperature = [0, 1]\n"
+    ));
+    assert!(
+        sampled.contains("needs greedy decoding") && sampled.contains("sweep.temperature"),
+        "{sampled}"
+    );
+    let foreign = load_err("[drafters.d]\nkind = \"ngram\"\nalpha = 0.5\n");
+    assert!(
+        foreign.contains("drafters.d.alpha: applies to kind = \"oracle\" only"),
+        "{foreign}"
+    );
+    let (_dir, path) = config_file(&format!("{base}alpha = 0.8\n[sweep]\ntemperature = [0]\n"));
+    ExperimentConfig::load(&path, &[]).expect("a greedy oracle config validates");
+}

@@ -8,17 +8,20 @@ use std::sync::Arc;
 
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::models::{load_tokenizer, LoadOptions, Model};
+use specdec::models::{load_tokenizer, Model};
 use specdec::speculative::{
     autoregressive, speculative, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter,
     NgramDrafter, SamplingParams,
 };
 
+#[path = "common/device.rs"]
+mod device;
+
 fn load(name: &str) -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("models")
         .join(name);
-    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
+    Model::load(&dir, &device::load_options()).expect("the shipped model loads")
 }
 
 fn prompt(text: &str) -> Vec<u32> {

@@ -130,6 +130,7 @@ fn point(gamma: Option<usize>) -> SweepPoint {
         top_k: 0,
         top_p: 1.0,
         cache: CacheChoice::Staged,
+        prefix_cache: false,
     }
 }
 
@@ -163,6 +164,7 @@ fn record(p: (usize, &SweepPoint), prompt: &str, steps: usize, secs: [f64; 3]) -
         generation,
         repeat: 0,
         sequence: 0,
+        turn: 1,
     }
 }
 

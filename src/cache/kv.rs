@@ -40,6 +40,13 @@ impl KvSnapshot {
         self.to
     }
 
+    /// Bytes of K/V held.
+    pub fn bytes(&self) -> usize {
+        self.data
+            .as_ref()
+            .map_or(0, |(k, v)| tensor_bytes(k) + tensor_bytes(v))
+    }
+
     /// Joins `[a, b)` and `[b, c)` into `[a, c)`; refused when the ranges are not adjacent.
     pub fn merge(&self, child: &KvSnapshot) -> Result<KvSnapshot> {
         if self.to != child.from {
@@ -256,6 +263,10 @@ impl KvCache {
     pub(crate) fn rollback(&mut self) {
         self.commit(0);
     }
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
 }
 
 fn bad(msg: &str) -> crate::error::Error {

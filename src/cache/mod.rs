@@ -9,11 +9,13 @@
 //!   kept beside the ring) or a *slack ring* (spare capacity, rollback moves the cursor).
 //! * [`ModelCache`] — the caches of all layers of one model; opens [`Speculation`]
 //!   transactions and takes [`CacheSnapshot`]s.
+//! * [`PrefixStore`] — snapshots keyed by token prefixes, shared by a run's generations.
 
 mod buffer;
 mod kv;
 mod mask;
 mod model;
+mod prefix;
 mod rotating;
 mod strategy;
 
@@ -24,6 +26,7 @@ use crate::error::Result;
 pub use kv::{KvCache, KvSnapshot, DEFAULT_STEP};
 pub use mask::{KeyOrder, Mask};
 pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
+pub use prefix::PrefixStore;
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 
@@ -105,8 +108,8 @@ pub enum CacheError {
     /// An operation that needs no open speculation was called inside one (or a nested one).
     #[error("a speculation is open on this cache")]
     SpeculationOpen,
-    /// A write failed half-way through a commit; the cache can no longer be trusted.
-    #[error("cache poisoned by an earlier failed commit; reset it")]
+    /// A commit, restore or forward failed half-way; the cache can no longer be trusted.
+    #[error("cache poisoned by an earlier failed commit, restore or forward; reset it")]
     Poisoned,
     /// Input tensors of the wrong rank or shape.
     #[error("bad cache input: {0}")]

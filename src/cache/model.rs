@@ -157,6 +157,17 @@ impl CacheSnapshot {
     pub fn to(&self) -> usize {
         self.to
     }
+
+    /// Bytes of K/V held by all layers (what a prefix store's budget counts).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerSnapshot::Kv(s) => s.bytes(),
+                LayerSnapshot::Rotating(s) => s.bytes(),
+            })
+            .sum()
+    }
 }
 
 /// Joins snapshots of `[a, b)` and `[b, c)` into `[a, c)` (rotating layers keep the child's
@@ -331,6 +342,45 @@ impl ModelCache {
         Ok(())
     }
 
+    /// True when some layer is a sliding-window ring (its snapshots cannot be split).
+    pub fn has_rotating_layers(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerCache::Rotating(_)))
+    }
+
+    /// Called when a forward that began at offset `before` failed part-way through its layers,
+    /// leaving some appended and others not (or a ring half-written). Outside a speculation
+    /// every layer is rewound to `before` when all of them can be (checked first, like
+    /// [`Self::restore`]); otherwise, and always inside a speculation, the cache is poisoned:
+    /// every later use is refused with [`CacheError::Poisoned`] until [`Self::reset`]. Layers
+    /// at different offsets are never left in use.
+    pub fn recover_failed_forward(&mut self, before: usize) {
+        if self.poisoned {
+            return;
+        }
+        let reachable = self.spec_base.is_none()
+            && self
+                .layers
+                .iter()
+                .all(|l| l.check_restore(None, before).is_ok());
+        if !reachable {
+            self.poisoned = true;
+            return;
+        }
+        for layer in &mut self.layers {
+            if layer.restore(None, before).is_err() {
+                self.poisoned = true;
+                return;
+            }
+        }
+    }
+
+    /// True after a failed commit, restore or forward: every use is refused until a reset.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
     /// Empties every layer (buffers are kept for reuse) and clears a poisoned state.
     pub fn reset(&mut self) {
         self.layers.iter_mut().for_each(LayerCache::reset);
@@ -383,6 +433,9 @@ impl Speculation<'_> {
     /// Keeps exactly the first `n` appended tokens and closes the transaction. On error the
     /// speculation is rolled back (and a cache whose write failed half-way is poisoned).
     pub fn commit(mut self, n: usize) -> Result<()> {
+        if self.cache.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
         let appended = self.appended();
         if n > appended {
             return Err(CacheError::CommitTooLong { n, appended }.into());

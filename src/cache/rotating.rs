@@ -68,6 +68,12 @@ impl RotatingSnapshot {
         self.to
     }
 
+    /// Bytes of K/V held.
+    pub fn bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.data.as_ref().map_or(0, |(k, v)| bytes(k) + bytes(v))
+    }
+
     /// Joins `[a, b)` and `[b, c)` into `[a, c)`: the child's window is the state at `c`, so
     /// the result keeps the child's data. There is no `split`: a window cannot be cut.
     pub fn merge(&self, child: &RotatingSnapshot) -> Result<RotatingSnapshot> {
@@ -313,20 +319,28 @@ impl RotatingKvCache {
         let ring = self.ring.as_ref().ok_or_else(no_ring)?;
         let slot = p0 % self.capacity;
         let first_len = (end - p0).min(self.capacity - slot);
-        ring.write(
-            slot,
-            &k.narrow(2, 0, first_len)?,
-            &v.narrow(2, 0, first_len)?,
-        )?;
-        if first_len < end - p0 {
-            let rest = end - p0 - first_len;
+        let written = (|| -> Result<()> {
             ring.write(
-                0,
-                &k.narrow(2, first_len, rest)?,
-                &v.narrow(2, first_len, rest)?,
+                slot,
+                &k.narrow(2, 0, first_len)?,
+                &v.narrow(2, 0, first_len)?,
             )?;
+            if first_len < end - p0 {
+                let rest = end - p0 - first_len;
+                ring.write(
+                    0,
+                    &k.narrow(2, first_len, rest)?,
+                    &v.narrow(2, first_len, rest)?,
+                )?;
+            }
+            Ok(())
+        })();
+        if written.is_err() {
+            // Some slots may hold new tokens, others old ones: nothing below `end` is known
+            // intact, so every later use that needs history is refused.
+            self.lo = end;
         }
-        Ok(())
+        written
     }
 
     /// K/V of positions `[start, end)` from the ring in logical order (views when contiguous
@@ -397,11 +411,16 @@ impl RotatingKvCache {
         self.check_restore(snapshot, target)?;
         match snapshot {
             None => {
-                self.lo = self.held_lo();
+                // Nothing below `target` may count as intact if the ring no longer holds it
+                // (a window of 1, or a rewind to 0, needs no history at all).
+                self.lo = self.held_lo().min(target);
                 self.offset = target;
             }
             Some(snap) => {
-                let start = snap.data_start.max(target.saturating_sub(self.capacity));
+                let start = snap
+                    .data_start
+                    .max(target.saturating_sub(self.capacity))
+                    .min(target);
                 self.offset = start;
                 self.lo = start;
                 if let Some((k, v)) = &snap.data {
@@ -433,7 +452,7 @@ impl RotatingKvCache {
         let needed = self.needed_from(target);
         let reason = match snapshot {
             None if target > self.offset => format!("rewind past the offset {}", self.offset),
-            None if needed < self.held_lo() => format!(
+            None if needed < target && needed < self.held_lo() => format!(
                 "the ring has wrapped: position {needed} is no longer held (oldest is {})",
                 self.held_lo()
             ),
@@ -447,7 +466,7 @@ impl RotatingKvCache {
             Some(s) if target < s.from || target > s.to => {
                 format!("outside the snapshot's range [{}, {})", s.from, s.to)
             }
-            Some(s) if needed < s.data_start => format!(
+            Some(s) if needed < target && needed < s.data_start => format!(
                 "the snapshot holds positions from {} but the window needs {needed}",
                 s.data_start
             ),

@@ -60,7 +60,20 @@ impl ChatTemplate {
 
     /// Renders a conversation of one user turn with the generation prompt appended.
     pub fn render(&self, user_turn: &str) -> Result<String> {
-        let messages = vec![context! { role => "user", content => user_turn }];
+        self.render_conversation(&[user_turn.to_string()])
+    }
+
+    /// Renders a conversation of alternating turns — user, assistant, user, … — with the
+    /// generation prompt appended.
+    pub fn render_conversation(&self, turns: &[String]) -> Result<String> {
+        let messages: Vec<_> = turns
+            .iter()
+            .enumerate()
+            .map(|(i, content)| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                context! { role => role, content => content }
+            })
+            .collect();
         self.environment()
             .render_str(
                 &self.source,
@@ -146,6 +159,33 @@ pub fn encode_prompt(
     Ok(ids)
 }
 
+/// The tokens of a conversation — user, assistant, user, …, ending with a user turn — as the
+/// prompt of the next answer: through `template` when given, else the plain text the model
+/// continued (each answer right after its question, a blank line before each later question).
+pub fn encode_conversation(
+    tokenizer: &Tokenizer,
+    id: &str,
+    turns: &[String],
+    template: Option<&ChatTemplate>,
+) -> Result<Vec<u32>> {
+    let text = match template {
+        Some(t) => t.render_conversation(turns)?,
+        None => turns
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match i {
+                0 => t.clone(),
+                i if i % 2 == 0 => format!("\n\n{t}"),
+                _ => t.clone(),
+            })
+            .collect(),
+    };
+    let encoding = tokenizer
+        .encode(text, false)
+        .map_err(|e| Error::invalid(format!("prompt {id}: cannot encode: {e}")))?;
+    Ok(encoding.get_ids().to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +238,18 @@ mod tests {
         assert_eq!(
             t.render(" Hello ").unwrap(),
             "<s><turn>user\nHello<end>\n<turn>model 1 Jan 2024\n"
+        );
+    }
+
+    #[test]
+    fn renders_a_conversation_with_alternating_roles() {
+        let t = template(
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}",
+        );
+        let turns = ["q1".to_string(), "a1".to_string(), "q2".to_string()];
+        assert_eq!(
+            t.render_conversation(&turns).unwrap(),
+            "<|user|>q1\n<|assistant|>a1\n<|user|>q2\n<|assistant|>"
         );
     }
 

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use serde::de::{self, IntoDeserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use super::config_prefix::{PrefixCacheConfig, TurnsChoice};
+
 /// One experiment: models, drafters, prompts and the sweep whose cartesian product is run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +55,9 @@ pub struct ExperimentConfig {
     /// The grid of settings.
     #[serde(default)]
     pub sweep: SweepConfig,
+    /// Reuse of shared prompt prefixes across generations.
+    #[serde(default)]
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 fn default_name() -> String {
@@ -140,7 +145,7 @@ impl Default for TargetConfig {
     }
 }
 
-/// `kind = "model" | "ngram"`.
+/// `kind = "model" | "ngram" | "oracle"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DrafterKind {
@@ -148,6 +153,10 @@ pub enum DrafterKind {
     Model,
     /// Prompt lookup: copy what followed the last match of the context's suffix.
     Ngram,
+    /// Synthetic acceptance for speed studies: the target's own greedy continuation, each
+    /// token kept with probability `alpha` (greedy sampling only); with `path`, a draft
+    /// model's forwards are run for their cost.
+    Oracle,
 }
 
 /// `[drafters.<name>]`. Which keys apply depends on `kind`; `validate` rejects the others.
@@ -156,10 +165,15 @@ pub enum DrafterKind {
 pub struct DrafterConfig {
     /// What drafts.
     pub kind: DrafterKind,
-    /// `model`: the draft's Hugging Face directory.
+    /// `model`: the draft's Hugging Face directory; `oracle` (optional): a model whose
+    /// forwards are run for their cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
-    /// `model`: stop drafting when the draft's probability of its token falls below this.
+    /// `oracle`: probability that each proposed token is the target's own (in `[0, 1]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// `model`: stop drafting before a position where the draft's largest probability is below
+    /// this (decided before sampling, so lossless at any temperature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<f32>,
     /// `ngram`: shortest suffix to match (default 1).
@@ -191,6 +205,9 @@ pub struct DatasetConfig {
     /// Wrap the first turn in the target's chat template before encoding.
     #[serde(default)]
     pub chat_template: bool,
+    /// Which user turns to generate for: `first`, or `all` (conversations).
+    #[serde(default)]
+    pub turns: TurnsChoice,
 }
 
 fn default_dataset_path() -> PathBuf {
@@ -204,6 +221,7 @@ impl Default for DatasetConfig {
             limit: None,
             categories: None,
             chat_template: false,
+            turns: TurnsChoice::First,
         }
     }
 }

@@ -278,6 +278,7 @@ mod tests {
             top_k: 0,
             top_p: 1.0,
             cache: crate::experiment::CacheChoice::Staged,
+            prefix_cache: false,
         }
     }
 

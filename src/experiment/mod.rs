@@ -13,7 +13,9 @@
 mod by_prompt;
 mod chat;
 mod config;
+mod config_prefix;
 mod context;
+mod conversation;
 mod cost;
 mod dataset;
 mod load;
@@ -22,6 +24,7 @@ mod output;
 mod paired;
 mod plot;
 mod report;
+mod report_prefix;
 mod run;
 mod runner;
 mod schedule;
@@ -30,12 +33,14 @@ mod sweep;
 mod validate;
 
 pub use by_prompt::{prompt_markdown, prompt_rows, PromptRow};
-pub use chat::{encode_prompt, ChatTemplate};
+pub use chat::{encode_conversation, encode_prompt, ChatTemplate};
 pub use config::{
     AdaptiveGamma, CacheChoice, DatasetConfig, DeviceChoice, DrafterConfig, DrafterKind,
-    DtypeChoice, ExperimentConfig, GammaChoice, List, Method, RunOrder, SweepConfig, TargetConfig,
+    DtypeChoice, ExperimentConfig, GammaChoice, List, Method, PrefixCacheConfig, RunOrder,
+    SweepConfig, TargetConfig, TurnsChoice,
 };
 pub use context::{check_context, context_limit};
+pub use conversation::Conversations;
 pub use cost::{CostModel, Measured, TOLERANCE};
 pub use dataset::{load_prompts, Prompt};
 pub use load::{check_vocabulary, select_device, LoadedModel};
@@ -43,6 +48,7 @@ pub use load_config::apply_override;
 pub use output::{default_result_path, ResultDir};
 pub use plot::write_plots;
 pub use report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
+pub use report_prefix::{prefill_section, store_section, turns_section};
 pub use run::{run_experiment, RunOptions, RunOutcome};
 pub use runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 pub use schedule::{pairing_groups, schedule, Slot};

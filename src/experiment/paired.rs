@@ -1,4 +1,5 @@
-//! What a point measured against its autoregressive baseline, paired by (repeat, prompt):
+//! What a point measured against its autoregressive baseline, paired by (repeat, prompt,
+//! turn):
 //! the speedup with its interval, the decode-phase speedup, c and the cost model.
 use super::cost::{cost_model, Measured};
 use super::report::{ratio, PointSummary};
@@ -49,27 +50,31 @@ pub(crate) fn against_baseline(
         .iter()
         .filter(|r| r.point == i)
         .filter_map(|r| {
-            let other = records
-                .iter()
-                .find(|o| o.point == b && o.repeat == r.repeat && o.prompt_id == r.prompt_id)?;
+            let other = records.iter().find(|o| {
+                o.point == b
+                    && o.repeat == r.repeat
+                    && o.prompt_id == r.prompt_id
+                    && o.turn == r.turn
+            })?;
             Some((&r.generation, &other.generation))
         })
         .collect();
     row.cost = cost_model(row, base, &pairs, measured);
 }
 
-/// Ratios `metric(record of point) / metric(record of base)` paired by (repeat, prompt).
+/// Ratios `metric(record of point) / metric(record of base)` paired by (repeat, prompt,
+/// turn).
 fn paired(
     records: &[ResultRecord],
     point: usize,
     base: usize,
     metric: fn(&ResultRecord) -> Option<f64>,
 ) -> Vec<f64> {
-    let of = |p: usize| -> Vec<((usize, &str), f64)> {
+    let of = |p: usize| -> Vec<((usize, &str, usize), f64)> {
         records
             .iter()
             .filter(|r| r.point == p)
-            .filter_map(|r| Some(((r.repeat, r.prompt_id.as_str()), metric(r)?)))
+            .filter_map(|r| Some(((r.repeat, r.prompt_id.as_str(), r.turn), metric(r)?)))
             .collect()
     };
     paired_ratios(&of(point), &of(base))

@@ -440,7 +440,7 @@ impl StrategyCheck {
             }
             let other = records
                 .iter()
-                .find(|o| o.point == base && o.prompt_id == r.prompt_id);
+                .find(|o| o.point == base && o.prompt_id == r.prompt_id && o.turn == r.turn);
             if let Some(other) = other {
                 compared += 1;
                 if other.generation.output_ids != r.generation.output_ids {

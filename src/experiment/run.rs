@@ -10,18 +10,21 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokenizers::Tokenizer;
 
 use super::by_prompt::{prompt_markdown, prompt_rows};
-use super::chat::{encode_prompt, ChatTemplate};
-use super::config::{DrafterKind, ExperimentConfig};
+use super::chat::{encode_conversation, encode_prompt, ChatTemplate};
+use super::config::{DrafterKind, ExperimentConfig, TurnsChoice};
 use super::context::check_context;
+use super::conversation::Conversations;
 use super::dataset::load_prompts;
 use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
 use super::output::{default_result_path, ResultDir};
 use super::plot::write_plots;
 use super::report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
+use super::report_prefix::{prefill_section, store_section, turns_section};
 use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
+use crate::speculative::ReferenceStore;
 
 /// How to run an experiment.
 #[derive(Debug, Clone, Default)]
@@ -76,7 +79,11 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         .unwrap_or_else(|| default_result_path(&config.name));
     let dir = ResultDir::plan(out)?;
     let tokenizer = load_tokenizer(&config.target.path)?;
-    let prompts = encode_prompts(config, &tokenizer)?;
+    let template = match config.dataset.chat_template {
+        true => Some(ChatTemplate::load(&config.target.path)?),
+        false => None,
+    };
+    let (prompts, turns) = encode_prompts(config, &tokenizer, template.as_ref())?;
     check_context(config, &prompts)?;
     let device = select_device(config.device)?;
     let load = load_options(device.clone(), config.dtype);
@@ -102,7 +109,21 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let points = sweep_points(config);
     let partial = dir.create()?.to_path_buf();
     write(&partial.join("config.toml"), &config.to_toml()?)?;
-    let records = run_points(config, &session, &points, &partial, opts.progress).map_err(|e| {
+    let encode_turns = |turns: &[String]| -> Result<Vec<u32>> {
+        encode_conversation(&tokenizer, "", turns, template.as_ref())
+    };
+    let conversations = (config.dataset.turns == TurnsChoice::All).then_some(Conversations {
+        turns,
+        encode: &encode_turns,
+    });
+    let records = run_points(
+        config,
+        &session,
+        &points,
+        (&partial, conversations.as_ref()),
+        opts.progress,
+    )
+    .map_err(|e| {
         Error::invalid(format!(
             "{e} (partial results kept in {})",
             partial.display()
@@ -110,8 +131,11 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     })?;
     let summaries = summarize(&points, &records);
     let checks = format!(
-        "{}\n{}",
+        "{}\n{}\n{}{}{}",
         StrategyCheck::new(&points, &records).markdown(),
+        prefill_section(&points, &records),
+        store_section(&points, &records),
+        turns_section(&points, &records),
         peak_rss_line()
     );
     let title = format!("Experiment `{}`", config.name);
@@ -134,23 +158,24 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     })
 }
 
-/// The dataset's prompts encoded with the target's tokenizer (and chat template).
-fn encode_prompts(config: &ExperimentConfig, tokenizer: &Tokenizer) -> Result<Vec<EncodedPrompt>> {
-    let template = if config.dataset.chat_template {
-        Some(ChatTemplate::load(&config.target.path)?)
-    } else {
-        None
-    };
-    load_prompts(&config.dataset)?
-        .into_iter()
-        .map(|p| {
-            Ok(EncodedPrompt {
-                tokens: encode_prompt(tokenizer, &p, template.as_ref())?,
-                id: p.id,
-                category: p.category,
-            })
-        })
-        .collect()
+/// The dataset's prompts (first turns) encoded with the target's tokenizer (and chat
+/// template), and every prompt's user turns.
+fn encode_prompts(
+    config: &ExperimentConfig,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+) -> Result<(Vec<EncodedPrompt>, Vec<Vec<String>>)> {
+    let mut encoded = Vec::new();
+    let mut turns = Vec::new();
+    for p in load_prompts(&config.dataset)? {
+        encoded.push(EncodedPrompt {
+            tokens: encode_prompt(tokenizer, &p, template)?,
+            id: p.id,
+            category: p.category,
+        });
+        turns.push(p.turns);
+    }
+    Ok((encoded, turns))
 }
 
 /// The draft models the sweep uses, each checked against the target's vocabulary.
@@ -165,7 +190,7 @@ fn load_drafts(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
-        if let (DrafterKind::Model, Some(path)) = (d.kind, &d.path) {
+        if let (DrafterKind::Model | DrafterKind::Oracle, Some(path)) = (d.kind, &d.path) {
             let draft = LoadedModel::load(path, load)?;
             check_vocabulary(name, (target, tokenizer), &draft)?;
             drafts.insert(name.to_string(), draft);
@@ -179,6 +204,8 @@ fn draft_sources(
     mut models: BTreeMap<String, LoadedModel>,
 ) -> BTreeMap<String, DraftSource<LoadedModel>> {
     let mut sources = BTreeMap::new();
+    // One store of greedy references for every oracle of the run.
+    let references = ReferenceStore::default();
     for name in config.used_drafters() {
         let Some(d) = config.drafters.get(name) else {
             continue;
@@ -187,6 +214,11 @@ fn draft_sources(
             (DrafterKind::Model, Some(model)) => DraftSource::Model {
                 model: Arc::new(model),
                 confidence: d.confidence,
+            },
+            (DrafterKind::Oracle, cost) => DraftSource::Oracle {
+                alpha: d.alpha.unwrap_or(1.0),
+                cost: cost.map(Arc::new),
+                references: references.clone(),
             },
             _ => {
                 let (min_ngram, max_ngram) = d.ngram_sizes();
@@ -206,11 +238,14 @@ fn run_points(
     config: &ExperimentConfig,
     session: &Session<'_, LoadedModel>,
     points: &[SweepPoint],
-    dir: &Path,
+    (dir, conversations): (&Path, Option<&Conversations<'_>>),
     progress: bool,
 ) -> Result<Vec<ResultRecord>> {
+    let per_point = conversations.map_or(session.prompts.len(), |c| {
+        c.turns.iter().map(|t| t.len().max(1)).sum()
+    });
     let bar = if progress {
-        ProgressBar::new((points.len() * session.prompts.len()) as u64)
+        ProgressBar::new((points.len() * per_point) as u64)
     } else {
         ProgressBar::hidden()
     };
@@ -233,7 +268,7 @@ fn run_points(
         tokens: 0,
         started: Instant::now(),
     };
-    let records = session.run(config, points, &mut observer)?;
+    let records = session.run_with(config, points, &mut observer, conversations)?;
     bar.finish_and_clear();
     Ok(records)
 }

@@ -7,13 +7,13 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
+use super::conversation::{prefix_store, Conversations, PointRun};
 use super::schedule::{schedule, turn_ends};
 use super::sweep::{rotating_strategy, SweepPoint};
-use crate::cache::ModelCache;
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive, speculative, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
-    NgramDrafter, SamplingParams,
+    autoregressive, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
+    NgramDrafter, OracleDrafter, ReferenceStore, SamplingParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -24,6 +24,15 @@ pub enum DraftSource<M> {
         model: Arc<M>,
         /// Stop drafting below this probability.
         confidence: Option<f32>,
+    },
+    /// The oracle: the target's greedy continuation kept with probability `alpha`.
+    Oracle {
+        /// Per-token acceptance.
+        alpha: f64,
+        /// A model whose forwards are run for their cost.
+        cost: Option<Arc<M>>,
+        /// Greedy references by prompt, shared by the run's oracles.
+        references: ReferenceStore,
     },
     /// Prompt lookup.
     Ngram {
@@ -72,6 +81,9 @@ pub struct ResultRecord {
     pub settings: SweepPoint,
     /// The dataset's prompt id.
     pub prompt_id: String,
+    /// The user turn generated for (1 = the first; later turns continue the conversation).
+    #[serde(default = "first_turn")]
+    pub turn: usize,
     /// The dataset's category.
     pub category: Option<String>,
     /// Seed of this generation's RNG.
@@ -95,13 +107,23 @@ pub struct ResultRecord {
     pub sequence: usize,
 }
 
+fn first_turn() -> usize {
+    1
+}
+
 impl ResultRecord {
-    fn new(point_index: usize, point: &SweepPoint, prompt: &EncodedPrompt, seed: u64) -> Self {
+    pub(super) fn new(
+        point_index: usize,
+        point: &SweepPoint,
+        prompt: &EncodedPrompt,
+        seed: u64,
+    ) -> Self {
         Self {
             point: point_index,
             label: point.label(),
             settings: point.clone(),
             prompt_id: prompt.id.clone(),
+            turn: 1,
             category: prompt.category.clone(),
             seed,
             prompt_tokens: prompt.tokens.len(),
@@ -114,18 +136,12 @@ impl ResultRecord {
         }
     }
 
-    fn fill(&mut self, g: GenerationRecord, text: String) {
+    pub(super) fn fill(&mut self, g: GenerationRecord, text: String) {
         self.new_tokens = g.new_tokens();
         self.tokens_per_s = g.tokens_per_s();
         self.output_text = text;
         self.generation = g;
     }
-}
-
-/// What a point keeps between its generations.
-struct PointState {
-    cache: ModelCache,
-    drafter: Option<Box<dyn Drafter>>,
 }
 
 /// Told about the sweep's progress; the default methods do nothing.
@@ -176,83 +192,75 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         Ok(())
     }
 
-    /// Runs every prompt at every point `config.repeats` times, in `config.order` (see
-    /// [`schedule`]), and returns the records in the order they ran. Within a turn (see
-    /// [`turn_ends`]) each point keeps one target cache and drafter (reset per generation, so
-    /// buffers grown by one generation are reused by the next); they are dropped at the end
-    /// of the turn, so only one pairing group's caches are held at a time.
+    /// Runs every prompt at every point, and returns the records in the order they ran (see
+    /// [`Session::run_with`]).
     pub fn run(
         &self,
         config: &ExperimentConfig,
         points: &[SweepPoint],
         observer: &mut dyn SweepObserver,
     ) -> Result<Vec<ResultRecord>> {
+        self.run_with(config, points, observer, None)
+    }
+
+    /// [`Session::run`], with every turn of each prompt when `conversations` is given (one
+    /// record per turn, in turn order). Every prompt runs at every point `config.repeats`
+    /// times, in `config.order` (see [`schedule`]). Within a turn of the schedule (see
+    /// [`turn_ends`]) each point keeps one sequence and drafter (reset per prompt, so buffers
+    /// grown by one generation are reused by the next); they are dropped at the turn's end,
+    /// so only one pairing group's caches are held at a time.
+    pub fn run_with(
+        &self,
+        config: &ExperimentConfig,
+        points: &[SweepPoint],
+        observer: &mut dyn SweepObserver,
+        conversations: Option<&Conversations<'_>>,
+    ) -> Result<Vec<ResultRecord>> {
         let max_gamma = config.max_gamma();
         let slots = schedule(points, self.prompts.len(), config.repeats, config.order);
         let ends = turn_ends(&slots, points, config.order);
-        let mut state: Vec<Option<PointState>> = (0..points.len()).map(|_| None).collect();
+        let mut runs: Vec<Option<PointRun<'_>>> = (0..points.len()).map(|_| None).collect();
         let mut records = Vec::with_capacity(slots.len());
         let mut previous = None;
-        for (sequence, slot) in slots.iter().enumerate() {
+        for (i, slot) in slots.iter().enumerate() {
             let point = &points[slot.point];
             if previous != Some(slot.point) {
                 observer.point_started(slot.point, points.len(), point);
                 previous = Some(slot.point);
             }
-            if state[slot.point].is_none() {
+            if runs[slot.point].is_none() {
                 let strategy = rotating_strategy(point.cache, max_gamma);
-                state[slot.point] = Some(PointState {
-                    cache: self.target.new_cache(strategy)?,
-                    drafter: self.drafter(point, strategy)?,
+                runs[slot.point] = Some(PointRun {
+                    index: slot.point,
+                    point,
+                    seq: self.sequence(config, point, strategy)?,
+                    drafter: self.drafter(config, point, strategy)?,
+                    params: GenParams {
+                        max_new_tokens: config.max_new_tokens,
+                        sampling: point.sampling(),
+                        gamma: point.gamma_policy(config.sweep.adaptive),
+                        stop_at_eos: config.stop_at_eos,
+                    },
                 });
             }
-            let st = state[slot.point].as_mut().expect("created above");
-            let prompt = &self.prompts[slot.prompt];
-            let mut record = self.generate(config, point, st, prompt)?;
-            record.point = slot.point;
-            record.repeat = slot.repeat;
-            record.sequence = sequence;
-            observer.record(&record)?;
-            records.push(record);
-            if ends[sequence] {
-                state.iter_mut().for_each(|s| *s = None);
+            let run = runs[slot.point].as_mut().expect("created above");
+            for mut record in self.generate_turns(config, run, slot.prompt, conversations)? {
+                record.repeat = slot.repeat;
+                record.sequence = records.len();
+                observer.record(&record)?;
+                records.push(record);
+            }
+            if ends[i] {
+                runs.iter_mut().for_each(|r| *r = None);
             }
         }
         Ok(records)
     }
 
-    /// One generation of `prompt` at `point` with the point's cache and drafter.
-    fn generate(
-        &self,
-        config: &ExperimentConfig,
-        point: &SweepPoint,
-        st: &mut PointState,
-        prompt: &EncodedPrompt,
-    ) -> Result<ResultRecord> {
-        let params = GenParams {
-            max_new_tokens: config.max_new_tokens,
-            sampling: point.sampling(),
-            gamma: point.gamma_policy(config.sweep.adaptive),
-            stop_at_eos: config.stop_at_eos,
-        };
-        let seed = point.generation_seed(config.seed, &prompt.id);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let target = self.target.as_ref();
-        let cache = &mut st.cache;
-        let generation = match st.drafter.as_deref_mut() {
-            None => autoregressive(target, cache, &prompt.tokens, &params, &mut rng),
-            Some(d) => speculative(target, cache, d, &prompt.tokens, &params, &mut rng),
-        }
-        .map_err(|e| Error::invalid(format!("{} on prompt {}: {e}", point.label(), prompt.id)))?;
-        let mut record = ResultRecord::new(0, point, prompt, seed);
-        let text = (self.decode)(&generation.output_ids)?;
-        record.fill(generation, text);
-        Ok(record)
-    }
-
     /// The drafter of a speculative point (with fresh caches), `None` for autoregressive.
     fn drafter(
         &self,
+        config: &ExperimentConfig,
         point: &SweepPoint,
         strategy: crate::cache::RotatingStrategy,
     ) -> Result<Option<Box<dyn Drafter>>> {
@@ -268,16 +276,28 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             .get(name)
             .ok_or_else(|| Error::invalid(format!("drafter {name:?} was not loaded")))?;
         Ok(Some(match source {
-            DraftSource::Model { model, confidence } => Box::new(ModelDrafter::new(
-                name,
-                Arc::clone(model),
-                strategy,
-                *confidence,
-            )?),
+            DraftSource::Model { model, confidence } => {
+                let drafter = ModelDrafter::new(name, Arc::clone(model), strategy, *confidence)?;
+                match prefix_store(config, point) {
+                    Some((store, every)) => Box::new(drafter.with_prefix_store(store, every)),
+                    None => Box::new(drafter),
+                }
+            }
             DraftSource::Ngram {
                 min_ngram,
                 max_ngram,
             } => Box::new(NgramDrafter::new(name, *min_ngram, *max_ngram)?),
+            DraftSource::Oracle {
+                alpha,
+                cost,
+                references,
+            } => Box::new(OracleDrafter::new(
+                name,
+                Arc::clone(&self.target),
+                *alpha,
+                cost.as_ref().map(|m| (Arc::clone(m), strategy)),
+                Arc::clone(references),
+            )?),
         }))
     }
 }

@@ -125,6 +125,7 @@ mod tests {
             top_k: 0,
             top_p: 1.0,
             cache: CacheChoice::Staged,
+            prefix_cache: false,
         }
     }
 

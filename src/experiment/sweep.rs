@@ -22,6 +22,9 @@ pub struct SweepPoint {
     pub top_p: f64,
     /// Rotating-cache strategy.
     pub cache: CacheChoice,
+    /// Whether prefills use a prefix store (`[prefix_cache] enabled`).
+    #[serde(default)]
+    pub prefix_cache: bool,
 }
 
 impl SweepPoint {
@@ -34,7 +37,8 @@ impl SweepPoint {
         }
     }
 
-    /// The sampling settings and cache as a short text: `T=0 staged`, `T=1 k=50 p=0.9 slack`.
+    /// The sampling settings and cache as a short text: `T=0 staged`, `T=1 k=50 p=0.9 slack`,
+    /// `T=0 staged prefix-cache`.
     pub fn setting_label(&self) -> String {
         let mut s = format!("T={}", self.temperature);
         if self.top_k > 0 {
@@ -43,7 +47,11 @@ impl SweepPoint {
         if self.top_p < 1.0 {
             s += &format!(" p={}", self.top_p);
         }
-        s + " " + &self.cache.to_string()
+        s += &format!(" {}", self.cache);
+        if self.prefix_cache {
+            s += " prefix-cache";
+        }
+        s
     }
 
     /// A unique, readable name: `autoregressive T=0 staged`, `small γ=4 T=0 staged`.
@@ -61,6 +69,7 @@ impl SweepPoint {
             && self.top_k == other.top_k
             && self.top_p == other.top_p
             && self.cache == other.cache
+            && self.prefix_cache == other.prefix_cache
     }
 
     /// The engine's γ policy (fixed 1 for autoregressive points, where it is unused).
@@ -78,9 +87,9 @@ impl SweepPoint {
 
     /// A seed for one generation, from the config seed, this point and the prompt id: the same
     /// config and seed give the same tokens, and adding sweep values does not change the
-    /// seeds of the other points. The cache strategy is left out: points that differ only in
-    /// it draw the same random numbers, so their outputs must be identical (caches are exact)
-    /// and their timings are a paired comparison.
+    /// seeds of the other points. The cache strategy and the prefix store are left out:
+    /// points that differ only in them draw the same random numbers, so their outputs must be
+    /// identical (caches are exact) and their timings are a paired comparison.
     pub fn generation_seed(&self, seed: u64, prompt_id: &str) -> u64 {
         let key = format!(
             "{} {:?} {:?} {} {} {}",
@@ -128,11 +137,26 @@ pub fn sweep_points(config: &ExperimentConfig) -> Vec<SweepPoint> {
                         top_k,
                         top_p,
                         cache,
+                        prefix_cache: false,
                     });
                 }
             }
         }
     }
+    // The prefix store, off and/or on, innermost: compared points run back to back.
+    let settings: Vec<SweepPoint> = settings
+        .into_iter()
+        .flat_map(|s| {
+            config
+                .prefix_cache
+                .enabled
+                .iter()
+                .map(move |&on| SweepPoint {
+                    prefix_cache: on,
+                    ..s.clone()
+                })
+        })
+        .collect();
     let mut points = Vec::new();
     if sweep.methods().contains(&Method::Autoregressive) {
         points.extend(settings.iter().cloned());

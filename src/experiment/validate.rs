@@ -29,6 +29,7 @@ impl ExperimentConfig {
         }
         self.check_dataset(&mut problems);
         self.check_sweep(&mut problems);
+        problems.extend(self.prefix_cache.problems());
         if problems.is_empty() {
             Ok(())
         } else {
@@ -43,7 +44,7 @@ impl ExperimentConfig {
         check_model_dir("target.path", &self.target.path, &mut problems);
         for name in self.used_drafters() {
             if let Some(DrafterConfig {
-                kind: DrafterKind::Model,
+                kind: DrafterKind::Model | DrafterKind::Oracle,
                 path: Some(path),
                 ..
             }) = self.drafters.get(name)
@@ -113,6 +114,7 @@ impl ExperimentConfig {
         let speculative = sweep.methods().contains(&Method::Speculative);
         if speculative {
             self.check_sweep_drafters(problems);
+            self.check_oracle_sampling(problems);
         }
         self.check_sweep_repeats(problems);
         let gammas = sweep.gamma.iter();
@@ -136,6 +138,27 @@ impl ExperimentConfig {
         check_sampling(sweep, problems);
         if sweep.cache.is_empty() {
             problems.push("sweep.cache = []: allowed values: \"staged\", \"slack\"".into());
+        }
+    }
+
+    /// An oracle's acceptance is defined against the target's argmax: greedy only.
+    fn check_oracle_sampling(&self, problems: &mut Vec<String>) {
+        let sampled: Vec<f64> = self
+            .sweep
+            .temperature
+            .iter()
+            .copied()
+            .filter(|t| *t != 0.0)
+            .collect();
+        if sampled.is_empty() {
+            return;
+        }
+        for name in self.used_drafters() {
+            if self.drafters.get(name).map(|d| d.kind) == Some(DrafterKind::Oracle) {
+                problems.push(format!(
+                    "drafters.{name}: kind = \"oracle\" needs greedy decoding, but sweep.temperature includes {sampled:?}; set sweep.temperature = [0] or sweep.drafter to exclude {name:?}"
+                ));
+            }
         }
     }
 
@@ -216,7 +239,32 @@ fn no_repeats<T: PartialEq + std::fmt::Debug>(key: &str, values: &[T], problems:
 
 fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
     let key = format!("drafters.{name}");
+    if d.kind != DrafterKind::Oracle && d.alpha.is_some() {
+        problems.push(format!("{key}.alpha: applies to kind = \"oracle\" only"));
+    }
     match d.kind {
+        DrafterKind::Oracle => {
+            for (field, set) in [
+                ("confidence", d.confidence.is_some()),
+                ("min_ngram", d.min_ngram.is_some()),
+                ("max_ngram", d.max_ngram.is_some()),
+            ] {
+                if set {
+                    problems.push(format!(
+                        "{key}.{field}: does not apply to kind = \"oracle\""
+                    ));
+                }
+            }
+            match d.alpha {
+                None => problems.push(format!(
+                    "{key}.alpha: required for kind = \"oracle\" (per-token acceptance in [0, 1])"
+                )),
+                Some(a) if !(0.0..=1.0).contains(&a) => {
+                    problems.push(format!("{key}.alpha = {a}: must be in [0, 1]"))
+                }
+                Some(_) => {}
+            }
+        }
         DrafterKind::Model => {
             if d.path.is_none() {
                 problems.push(format!(

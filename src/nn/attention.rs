@@ -109,7 +109,9 @@ impl Attention {
         let (q, k) = self
             .rope
             .apply(&heads_first(q)?, &heads_first(k)?, offset)?;
-        let v = v.transpose(0, 1)?.unsqueeze(0)?;
+        // Contiguous like q and k: a cache may hand the new block back as it came (a prefill
+        // into an empty rotating cache), and CUDA's matmul refuses a head-strided operand.
+        let v = heads_first(v)?;
         let attend = cache.append(&k, &v)?;
         let mask = attend.mask_tensor()?;
         let out = self.attend(&q, &attend, mask.as_ref())?;

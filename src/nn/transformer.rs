@@ -404,6 +404,19 @@ impl Decoder {
     fn forward_rows(&self, tokens: &[u32], cache: &mut ModelCache, last: bool) -> Result<Tensor> {
         self.check_input(tokens, cache)?;
         let offset = cache.offset();
+        // A failure part-way leaves some layers appended: the cache rewinds them all to
+        // `offset` or poisons itself, never keeping layers at different offsets.
+        self.forward_unguarded(tokens, cache, last)
+            .inspect_err(|_| cache.recover_failed_forward(offset))
+    }
+
+    fn forward_unguarded(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<Tensor> {
+        let offset = cache.offset();
         let ids = Tensor::new(tokens, self.embed.device())?;
         let mut x = self.embed.index_select(&ids, 0)?; // [t, hidden]
         if let Some(scale) = self.embed_scale {

@@ -6,8 +6,9 @@ use rand::rngs::StdRng;
 
 use super::drafter::Drafter;
 use super::metrics::{GenerationRecord, StopReason};
+use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
-use super::verify::verify;
+use super::verify::{Lossless, Verifier};
 use super::LanguageModel;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
@@ -91,31 +92,11 @@ impl Output<'_> {
     }
 }
 
-/// Longest run of prompt tokens fed to a model in one forward. A forward over `n` tokens
-/// materialises `n × keys` attention scores per head, so a whole 4,000-token prompt took
-/// ~256 MiB per layer and ~15 s on the default target (quadratic); chunks keep prefill
-/// linear in memory and far faster, and the cache makes the result the same.
-pub(crate) const PREFILL_CHUNK: usize = 512;
-
-/// Feeds `tokens` (non-empty) to `model` in chunks of at most [`PREFILL_CHUNK`] and returns
-/// the logits of the last position (`[1, vocab]`).
-pub(crate) fn prefill_last<M: LanguageModel>(
-    model: &M,
-    tokens: &[u32],
-    cache: &mut ModelCache,
-) -> Result<Tensor> {
-    let (head, last) = tokens.split_at(tokens.len() - (tokens.len() - 1) % PREFILL_CHUNK - 1);
-    for chunk in head.chunks(PREFILL_CHUNK) {
-        model.forward_last(chunk, cache)?;
-    }
-    model.forward_last(last, cache)
-}
-
-/// Checks the input, resets `cache`, runs the target over the prompt and samples the first
-/// new token (not yet pushed to the output).
+/// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
+/// it holds or its store has) and samples the first new token (not yet pushed to the output).
 fn prefill<'a, M: LanguageModel>(
     target: &'a M,
-    cache: &mut ModelCache,
+    seq: &mut CachedSequence,
     prompt: &[u32],
     params: &'a GenParams,
     rng: &mut StdRng,
@@ -127,17 +108,32 @@ fn prefill<'a, M: LanguageModel>(
         return Err(Error::invalid("max_new_tokens must be at least 1"));
     }
     let start = Instant::now();
-    cache.reset();
     let mut out = Output {
         record: GenerationRecord::default(),
         params,
         eos: target.eos_token_ids(),
     };
-    let logits = prefill_last(target, prompt, cache)?;
+    let (logits, stats) = seq.prefill(target, prompt)?;
     let first = next_token(&logits, &params.sampling, rng)?;
-    out.record.target_forwards = 1;
+    // One prefill forward however many checkpoints split it (τ counts decode forwards).
+    out.record.target_forwards = stats.forwards.min(1);
+    out.record.prefill_tokens_computed = stats.computed;
+    out.record.prefill_tokens_reused = stats.reused;
     out.record.prefill_s = start.elapsed().as_secs_f64();
+    out.record.ttft_s = out.record.prefill_s;
     Ok((out, first))
+}
+
+/// Runs `f` on `cache` wrapped in a fresh [`CachedSequence`] (so the cache is reset first).
+fn fresh_sequence<T>(
+    cache: &mut ModelCache,
+    f: impl FnOnce(&mut CachedSequence) -> Result<T>,
+) -> Result<T> {
+    let taken = std::mem::replace(cache, ModelCache::new(Vec::new()));
+    let mut seq = CachedSequence::new(taken);
+    let result = f(&mut seq);
+    *cache = seq.into_cache();
+    result
 }
 
 /// Plain decoding: one target forward per new token. The baseline every speedup is
@@ -149,15 +145,31 @@ pub fn autoregressive<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
+    fresh_sequence(cache, |seq| {
+        autoregressive_continue(target, seq, prompt, params, rng)
+    })
+}
+
+/// [`autoregressive`] continuing from what `seq` holds: only the part of `prompt` (the whole
+/// conversation so far) that the cache or the prefix store lacks is prefilled. Afterwards
+/// `seq` holds every committed token but the last.
+pub fn autoregressive_continue<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
     let start = Instant::now();
-    let (mut out, mut token) = prefill(target, cache, prompt, params, rng)?;
+    let (mut out, mut token) = prefill(target, seq, prompt, params, rng)?;
     while !out.push(token) {
         let t = Instant::now();
-        let logits = target.forward_last(&[token], cache)?;
+        let logits = target.forward_last(&[token], seq.cache_mut())?;
         token = next_token(&logits, &params.sampling, rng)?;
         out.record.target_forwards += 1;
         out.record.verify_s += t.elapsed().as_secs_f64();
     }
+    seq.finish(&[prompt, &out.record.output_ids].concat())?;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
 }
@@ -175,13 +187,59 @@ pub fn speculative<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    let start = Instant::now();
+    speculative_with(target, cache, drafter, &Lossless, prompt, params, rng)
+}
+
+/// [`speculative`] with the verification step supplied by the caller (tests plug in
+/// deliberately wrong verifiers to show the distribution tests catch them).
+pub fn speculative_with<M: LanguageModel>(
+    target: &M,
+    cache: &mut ModelCache,
+    drafter: &mut dyn Drafter,
+    verifier: &dyn Verifier,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
     drafter.reset()?;
-    let (mut out, first) = prefill(target, cache, prompt, params, rng)?;
+    fresh_sequence(cache, |seq| {
+        speculative_continue_with(target, seq, drafter, verifier, prompt, params, rng)
+    })
+}
+
+/// [`speculative`] continuing from what `seq` and the drafter hold (neither is reset): only
+/// the new part of `prompt` is prefilled, by the target and by a draft model. Afterwards
+/// `seq` holds every committed token but the last.
+pub fn speculative_continue<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    speculative_continue_with(target, seq, drafter, &Lossless, prompt, params, rng)
+}
+
+/// [`speculative_continue`] with the caller's verification step.
+fn speculative_continue_with<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    verifier: &dyn Verifier,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+) -> Result<GenerationRecord> {
+    let start = Instant::now();
+    let draft_forwards = drafter.forwards();
+    let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
     // The drafter's own pass over the prompt is prefill too: time to first token.
     let t_prefill = Instant::now();
     drafter.prefill(prompt)?;
-    out.record.prefill_s += t_prefill.elapsed().as_secs_f64();
+    let draft_prefill_s = t_prefill.elapsed().as_secs_f64();
+    out.record.prefill_s += draft_prefill_s;
+    out.record.ttft_s += draft_prefill_s;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
@@ -198,10 +256,10 @@ pub fn speculative<M: LanguageModel>(
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.extend(context.last().copied());
         input.extend_from_slice(&drafts);
-        let mut spec = cache.speculate()?;
+        let mut spec = seq.cache_mut().speculate()?;
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
-        let verdict = verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
+        let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
         spec.commit(verdict.accepted + 1)?;
         out.record.verify_s += t_verify.elapsed().as_secs_f64();
 
@@ -219,54 +277,8 @@ pub fn speculative<M: LanguageModel>(
             }
         }
     }
-    out.record.draft_forwards = drafter.forwards();
+    seq.finish(&context)?;
+    out.record.draft_forwards = drafter.forwards() - draft_forwards;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::cell::RefCell;
-
-    use candle_core::{Device, Tensor};
-
-    use super::{prefill_last, PREFILL_CHUNK};
-    use crate::cache::{ModelCache, RotatingStrategy};
-    use crate::error::Result;
-    use crate::speculative::LanguageModel;
-
-    /// Records the tokens of every forward; its logits are the last token's id.
-    struct Tape(RefCell<Vec<Vec<u32>>>);
-
-    impl LanguageModel for Tape {
-        fn forward(&self, tokens: &[u32], _: &mut ModelCache) -> Result<Tensor> {
-            self.0.borrow_mut().push(tokens.to_vec());
-            let ids: Vec<f32> = tokens.iter().map(|&t| t as f32).collect();
-            Ok(Tensor::from_vec(ids, (tokens.len(), 1), &Device::Cpu)?)
-        }
-        fn new_cache(&self, _: RotatingStrategy) -> Result<ModelCache> {
-            Ok(ModelCache::new(Vec::new()))
-        }
-        fn vocab_size(&self) -> usize {
-            1
-        }
-        fn eos_token_ids(&self) -> &[u32] {
-            &[]
-        }
-    }
-
-    #[test]
-    fn prefill_feeds_every_token_once_in_order_in_bounded_chunks() {
-        let c = PREFILL_CHUNK;
-        for n in [1, 2, c - 1, c, c + 1, 3 * c, 4000] {
-            let tape = Tape(RefCell::new(Vec::new()));
-            let prompt: Vec<u32> = (0..n as u32).collect();
-            let logits = prefill_last(&tape, &prompt, &mut ModelCache::new(Vec::new())).unwrap();
-            assert_eq!(logits.to_vec2::<f32>().unwrap(), [[(n - 1) as f32]], "{n}");
-            let calls = tape.0.into_inner();
-            assert_eq!(calls.concat(), prompt, "{n}");
-            assert!(calls.iter().all(|t| (1..=c).contains(&t.len())), "{n}");
-            assert_eq!(calls.len(), n.div_ceil(c), "{n}");
-        }
-    }
 }

@@ -4,9 +4,10 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
+use super::prefill::CachedSequence;
 use super::sampling::{argmax, sample, SamplingParams};
 use super::LanguageModel;
-use crate::cache::{ModelCache, RotatingStrategy, Speculation};
+use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
 
 /// A proposal of draft tokens. It may hold tentative drafter state (a draft model's cache
@@ -25,6 +26,12 @@ pub trait Draft {
 pub trait Drafter {
     /// A short name for reports.
     fn name(&self) -> &str;
+    /// Untimed per-prompt setup, called by the runner before a generation from `prompt` of
+    /// at most `max_new_tokens` tokens (the oracle computes its reference here). No-op by
+    /// default.
+    fn prepare(&mut self, _prompt: &[u32], _max_new_tokens: usize) -> Result<()> {
+        Ok(())
+    }
     /// Forgets per-sequence state before a new prompt.
     fn reset(&mut self) -> Result<()>;
     /// Reads the prompt before the first proposal (after [`Drafter::reset`]), so that its
@@ -60,11 +67,20 @@ impl Draft for FixedDraft {
 }
 
 /// Drafts with a smaller model that has its own (transactional) caches.
+///
+/// With a `confidence` threshold, drafting stops before a position where the draft's largest
+/// probability is below the threshold. Lossless under sampling: whether draft `i` is proposed
+/// depends only on the drafts before it, so every proposed draft is still drawn from the full
+/// `q` row that verification divides by, and a stop just hands that position to the target
+/// (its correction or bonus token is drawn from `p`).
 pub struct ModelDrafter<M> {
     name: String,
     model: Arc<M>,
-    cache: ModelCache,
-    /// Stop drafting when the draft's probability of its own token falls below this.
+    /// The draft's cache and the committed tokens it holds (kept across generations, so a
+    /// conversation's next turn prefills only its new tokens).
+    seq: CachedSequence,
+    /// Stop drafting before a position whose largest draft probability is below this (the
+    /// first draft is always proposed).
     confidence: Option<f32>,
     forwards: usize,
 }
@@ -77,48 +93,92 @@ impl<M: LanguageModel> ModelDrafter<M> {
         strategy: RotatingStrategy,
         confidence: Option<f32>,
     ) -> Result<Self> {
-        let cache = model.new_cache(strategy)?;
+        let seq = CachedSequence::new(model.new_cache(strategy)?);
         Ok(Self {
             name: name.into(),
             model,
-            cache,
+            seq,
             confidence,
             forwards: 0,
         })
     }
+
+    /// Feeds the committed tokens of `context` the draft has not seen (at least the last one)
+    /// and returns the last position's logits. When the draft holds a prefix of `context`
+    /// this is one forward over the rest; otherwise (a new prompt, a new turn) a prefill
+    /// that keeps what the draft's cache and store share with `context`.
+    fn sync(&mut self, context: &[u32]) -> Result<Tensor> {
+        let held = self.seq.tokens().len();
+        let cache = self.seq.cache();
+        if !cache.is_poisoned()
+            && held == cache.offset()
+            && held < context.len()
+            && context.starts_with(self.seq.tokens())
+        {
+            let (cache, tokens) = self.seq.parts();
+            let logits = self.model.forward_last(&context[held..], cache)?;
+            tokens.extend_from_slice(&context[held..]);
+            self.forwards += 1;
+            return Ok(logits);
+        }
+        let (logits, stats) = self.seq.prefill(self.model.as_ref(), context)?;
+        self.forwards += stats.forwards;
+        Ok(logits)
+    }
+
+    /// Backs the draft's prefills with a prefix store (see [`CachedSequence::with_store`]).
+    pub fn with_prefix_store(mut self, store: PrefixStore, checkpoint_every: usize) -> Self {
+        self.seq.set_store(store, checkpoint_every);
+        self
+    }
 }
 
-/// Picks the draft token from the last row of `logits`; returns it with its distribution
-/// (only when sampling) and the draft's probability of it.
-fn pick(
+/// The draft's next-token distribution at one position, before a token is drawn from it.
+enum NextDist {
+    /// Greedy drafting: the argmax (its `q` is one-hot).
+    Argmax(u32),
+    /// Sampled drafting: `q`, built with the same settings as the target's `p`.
+    Probs(Vec<f32>),
+}
+
+/// The distribution at the last row of `logits` (`[n, vocab]`) and the draft's confidence
+/// there: its LARGEST probability (greedy: of the softmax at T = 1, i.e. the argmax's
+/// probability). The confidence is known before any token is drawn, which is what keeps the
+/// threshold lossless (see [`ModelDrafter`]). Computed only when `need_confidence`, else 1.
+fn next_dist(
     logits: &Tensor,
     sampling: &SamplingParams,
-    rng: &mut StdRng,
     need_confidence: bool,
-) -> Result<(u32, Option<Vec<f32>>, f32)> {
+) -> Result<(NextDist, f32)> {
     let last = logits.get(logits.dim(0)? - 1)?;
     if sampling.is_greedy() && !need_confidence {
         let token = last.argmax(0)?.to_scalar::<u32>()?;
-        return Ok((token, None, 1.0));
+        return Ok((NextDist::Argmax(token), 1.0));
     }
     let row = last.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     if sampling.is_greedy() {
         let token = argmax(&row);
-        let softmax = SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::greedy()
-        };
-        let conf = softmax.probs(&row)[token];
-        return Ok((token as u32, None, conf));
+        let max = row[token] as f64;
+        let total: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+        return Ok((NextDist::Argmax(token as u32), (1.0 / total) as f32));
     }
     let q = sampling.probs(&row);
-    let token = sample(&q, rng);
-    let conf = q[token];
-    Ok((token as u32, Some(q), conf))
+    let conf = q.iter().copied().fold(0.0, f32::max);
+    Ok((NextDist::Probs(q), conf))
+}
+
+/// Draws the draft token; returns it with the distribution it came from (sampling only).
+fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
+    match next {
+        NextDist::Argmax(token) => (token, None),
+        NextDist::Probs(q) => (sample(&q, rng) as u32, Some(q)),
+    }
 }
 
 struct ModelDraft<'a> {
     spec: Speculation<'a>,
+    /// The drafter's held tokens, to extend by the kept drafts.
+    held: &'a mut Vec<u32>,
     tokens: Vec<u32>,
     probs: Option<Vec<Vec<f32>>>,
 }
@@ -134,7 +194,9 @@ impl Draft for ModelDraft<'_> {
     /// ones. A fully accepted chain leaves `dk` to be fed with the next context.
     fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
         let keep = accepted.min(self.spec.appended());
-        self.spec.commit(keep)
+        self.spec.commit(keep)?;
+        self.held.extend_from_slice(&self.tokens[..keep]);
+        Ok(())
     }
 }
 
@@ -144,18 +206,16 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.cache.reset();
+        self.seq.reset();
         self.forwards = 0;
         Ok(())
     }
 
-    /// Runs the draft model over the prompt; the first proposal then feeds only the tokens
-    /// committed after it.
+    /// Runs the draft model over the prompt (reusing what its cache and store hold, see
+    /// `sync`); the first proposal then feeds only the tokens committed after it.
     fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
-        self.cache.reset();
         if !prompt.is_empty() {
-            super::decode::prefill_last(self.model.as_ref(), prompt, &mut self.cache)?;
-            self.forwards += 1;
+            self.sync(prompt)?;
         }
         Ok(())
     }
@@ -170,25 +230,24 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         if max == 0 || context.is_empty() {
             return Ok(Box::new(FixedDraft(Vec::new())));
         }
-        // Committed tokens the draft has not seen yet (at least the last one).
-        if self.cache.offset() >= context.len() {
-            self.cache.reset();
-        }
-        let fresh = &context[self.cache.offset()..];
-        let logits = self.model.forward_last(fresh, &mut self.cache)?;
-        self.forwards += 1;
+        let logits = self.sync(context)?;
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
         let need_conf = self.confidence.is_some();
         let threshold = self.confidence.unwrap_or(0.0);
-        let (mut token, mut q, mut conf) = pick(&logits, sampling, rng, need_conf)?;
-        let mut spec = self.cache.speculate()?;
+        let (mut next, mut conf) = next_dist(&logits, sampling, need_conf)?;
+        let (cache, held) = self.seq.parts();
+        let mut spec = cache.speculate()?;
         loop {
+            // The stop decision sees the distribution at this position, never the token drawn
+            // from it: stopping on q(drawn token) would keep only the confident drafts while
+            // verification divides by the unfiltered q, biasing the output.
             if need_conf && conf < threshold && !tokens.is_empty() {
                 break;
             }
+            let (token, q) = draw(next, rng);
             tokens.push(token);
-            if let (Some(all), Some(q)) = (probs.as_mut(), q.take()) {
+            if let (Some(all), Some(q)) = (probs.as_mut(), q) {
                 all.push(q);
             }
             if tokens.len() == max {
@@ -196,10 +255,11 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
             }
             let logits = self.model.forward_last(&[token], spec.cache())?;
             self.forwards += 1;
-            (token, q, conf) = pick(&logits, sampling, rng, need_conf)?;
+            (next, conf) = next_dist(&logits, sampling, need_conf)?;
         }
         Ok(Box::new(ModelDraft {
             spec,
+            held,
             tokens,
             probs,
         }))

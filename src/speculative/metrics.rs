@@ -39,6 +39,17 @@ pub struct GenerationRecord {
     pub verify_s: f64,
     /// Seconds for the whole generation.
     pub wall_s: f64,
+    /// Seconds from the start of the generation to its first new token (the target's
+    /// prefill and one sampling).
+    #[serde(default)]
+    pub ttft_s: f64,
+    /// Prompt tokens the target's prefill ran through the model.
+    #[serde(default)]
+    pub prefill_tokens_computed: usize,
+    /// Prompt tokens whose target state was kept from the previous turn or restored from a
+    /// prefix store instead.
+    #[serde(default)]
+    pub prefill_tokens_reused: usize,
 }
 
 impl GenerationRecord {

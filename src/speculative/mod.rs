@@ -13,17 +13,24 @@ mod decode;
 mod drafter;
 mod metrics;
 mod ngram;
+mod oracle;
+mod prefill;
 mod sampling;
 mod verify;
 
 use candle_core::Tensor;
 
-pub use decode::{autoregressive, speculative, GammaPolicy, GenParams};
+pub use decode::{
+    autoregressive, autoregressive_continue, speculative, speculative_continue, speculative_with,
+    GammaPolicy, GenParams,
+};
 pub use drafter::{Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
+pub use oracle::{OracleDrafter, ReferenceStore};
+pub use prefill::{CachedSequence, PrefillStats, DEFAULT_CHECKPOINT_EVERY};
 pub use sampling::{argmax, sample, SamplingParams};
-pub use verify::{verify, Verdict};
+pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::Result;

@@ -1,5 +1,6 @@
 //! Verification of a chain of drafts against the target's logits.
 use candle_core::{DType, Tensor, D};
+use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::sampling::{sample, SamplingParams};
@@ -87,4 +88,37 @@ pub fn verify<R: Rng + ?Sized>(
         accepted: drafts.len(),
         next: sample(&p, rng) as u32,
     })
+}
+
+/// The verification step of [`super::speculative_with`]: given the target's logits over
+/// `[last, d1..dγ]` (`[γ + 1, vocab]`), the drafts and the distributions they were drawn from,
+/// decides the accepted prefix and the next token. [`Lossless`] is the engine's verifier;
+/// the trait exists so tests can run the same engine with deliberately wrong verifiers.
+pub trait Verifier {
+    /// Same contract as [`verify`].
+    fn verify(
+        &self,
+        logits: &Tensor,
+        drafts: &[u32],
+        draft_probs: Option<&[Vec<f32>]>,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Verdict>;
+}
+
+/// Greedy matching or lossless rejection sampling: [`verify`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lossless;
+
+impl Verifier for Lossless {
+    fn verify(
+        &self,
+        logits: &Tensor,
+        drafts: &[u32],
+        draft_probs: Option<&[Vec<f32>]>,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Verdict> {
+        verify(logits, drafts, draft_probs, sampling, rng)
+    }
 }

@@ -2,9 +2,12 @@
 //! that need many fast forwards (thousands of seeds) and exact control of the vocabulary.
 #![allow(dead_code)]
 
+pub mod device;
 pub mod probe;
 
-use candle_core::{Device, Tensor};
+pub use device::device;
+
+use candle_core::Tensor;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use specdec::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
 use specdec::speculative::LanguageModel;
@@ -28,7 +31,7 @@ impl Toy {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut rand =
             |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
-        let dev = Device::Cpu;
+        let dev = device();
         let emb = Tensor::from_vec(rand(vocab * dim), (vocab, dim), &dev).unwrap();
         let out = (Tensor::from_vec(rand(dim * vocab), (dim, vocab), &dev).unwrap() * scale as f64)
             .unwrap();

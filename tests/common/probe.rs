@@ -1,6 +1,6 @@
 //! Helpers of the cache property tests: K/V that encode token id and position, and the two
 //! views compared against a fresh prefill (the logical window, and attention over a probe).
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use specdec::cache::{Attend, ModelCache};
 
 /// Head dimension of the probe K/V.
@@ -16,7 +16,7 @@ pub fn kv(tokens: &[u8], from: usize) -> (Tensor, Tensor) {
         k.extend([t as f32 * 0.05, p * 0.01]);
         v.extend([t as f32, p]);
     }
-    let dev = Device::Cpu;
+    let dev = super::device();
     (
         Tensor::from_vec(k, (1, 1, n, HEAD_DIM), &dev).unwrap(),
         Tensor::from_vec(v, (1, 1, n, HEAD_DIM), &dev).unwrap(),
@@ -34,7 +34,7 @@ pub fn attend(a: &Attend, q_len: usize) -> Vec<f32> {
     let q: Vec<f32> = (0..q_len * HEAD_DIM)
         .map(|i| 1.0 + i as f32 * 0.3)
         .collect();
-    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &Device::Cpu).unwrap();
+    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &super::device()).unwrap();
     let (k, v) = a.joined().unwrap();
     let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
     let mut scores = q.matmul(&k.t().unwrap()).unwrap();

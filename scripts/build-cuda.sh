@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Build specdec with `--features cuda` on a Linux machine that has no GPU and no CUDA toolkit,
+# and pack the binaries to travel to a machine that has both.
+#
+# Idempotent: every step is skipped when its output already exists.
+#   1. CUDA 13.0.x compiler, headers and libraries from PyPI wheels into .cuda/wheels
+#      (pinned to 13.0.x: newer wheels emit PTX that the 580 driver rejects).
+#   2. A link-time stub of libcuda (candle links the driver library, which no wheel ships):
+#      one empty function per `cu*` symbol cudarc declares. At run time the real driver is used.
+#   3. A link folder with unversioned library names pointing at the wheels' versioned ones.
+#   4. `cargo build --release --features cuda` of `exp`, the tests and the benches into
+#      target-cuda/ (its own target folder, so CPU builds are not invalidated).
+#   5. Stripped copies packed into one archive, .cuda/dist/specdec-cuda.tar.xz
+#      (small enough to travel: the whole tree must stay under 64 MiB).
+#
+# Usage: scripts/build-cuda.sh [--check]   (--check: only `cargo check --features cuda
+#        --all-targets`, as CI runs it; no binaries)
+# Env:   CUDA_COMPUTE_CAP (default 90: H100/H200), SPECDEC_CUDA_DIR (default .cuda),
+#        CARGO_TARGET_DIR (default target-cuda).
+#
+# On the GPU machine: `scripts/gpu-unpack.sh` then run with LD_LIBRARY_PATH=/usr/local/cuda/lib64.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+cuda_dir=${SPECDEC_CUDA_DIR:-$root/.cuda}
+wheels=$cuda_dir/wheels
+linkdir=$cuda_dir/link
+dist=$cuda_dir/dist
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+mode=${1:-build}
+
+# 1. Toolkit wheels. A `--check` needs only the compiler and headers (candle's kernels are
+#    compiled by its build script; nothing is linked); a build also needs the libraries. Each
+#    goes to its own folder in one pip call (pip --target does not merge into an existing
+#    namespace folder).
+install() {  # install <dir> <wheel>...
+  local dir=$1; shift
+  [ -f "$dir/.complete" ] && return 0
+  echo "== CUDA 13.0 wheels -> $dir"
+  rm -rf "$dir"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$dir" "$@"
+  touch "$dir/.complete"
+}
+compiler=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88
+  nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85)
+if [ "$mode" = "--check" ]; then
+  wheels=$cuda_dir/wheels-compiler
+  install "$wheels" "${compiler[@]}"
+else
+  install "$wheels" "${compiler[@]}" nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14 \
+    nvidia-curand==10.4.0.35
+fi
+cu13=$wheels/nvidia/cu13
+[ -x "$cu13/bin/nvcc" ] || { echo "error: $cu13/bin/nvcc missing after the wheel install" >&2; exit 1; }
+export PATH=$cu13/bin:$PATH CUDA_HOME=$cu13 CUDA_ROOT=$cu13 CUDA_PATH=$cu13
+
+if [ "$mode" = "--check" ]; then
+  echo "== cargo check --features cuda --all-targets (into $CARGO_TARGET_DIR)"
+  cargo check --features cuda --all-targets
+  exit 0
+fi
+
+# 2. libcuda stub from cudarc's declarations (the version in Cargo.lock).
+mkdir -p "$linkdir"
+if [ ! -f "$linkdir/libcuda.so" ]; then
+  cargo fetch -q
+  cudarc_ver=$(awk '/^name = "cudarc"/{getline; gsub(/[^0-9.]/,""); print; exit}' Cargo.lock)
+  sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-"$cudarc_ver"/src/driver/sys/mod.rs | head -1)
+  [ -f "$sys" ] || { echo "error: cudarc $cudarc_ver sources not found (cargo fetch failed?)" >&2; exit 1; }
+  echo "== libcuda stub from $sys"
+  grep -ohE "pub (unsafe )?fn (cu[A-Za-z0-9_]+)" "$sys" | awk '{print $NF}' | sort -u \
+    | sed 's/.*/int &(void){return 0;}/' > "$linkdir/cuda_stub.c"
+  gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$linkdir/libcuda.so" "$linkdir/cuda_stub.c"
+fi
+
+# 3. Unversioned names for the linker.
+for lib in cublas cublasLt curand cudart nvrtc; do
+  if [ ! -e "$linkdir/lib$lib.so" ]; then
+    real=$(ls "$cu13"/lib/lib$lib.so.* 2>/dev/null | sort | head -1)
+    [ -n "$real" ] || { echo "error: lib$lib.so.* not found in $cu13/lib" >&2; exit 1; }
+    ln -sf "$real" "$linkdir/lib$lib.so"
+  fi
+done
+
+export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir -C link-arg=-Wl,-rpath-link,$cu13/lib"
+
+# 4. Build.
+echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO_TARGET_DIR"
+cargo build --release --features cuda --bins --tests --benches
+msgs=$(cargo build --release --features cuda --bins --tests --benches --message-format=json 2>/dev/null)
+
+# 5. Strip, then pack every binary into one solid xz archive: each carries the same ~33 MB of
+#    candle's GPU code, which a 256 MiB dictionary stores once (one binary alone is ~7 MB
+#    compressed; all of them together stay small enough to travel).
+stage=$cuda_dir/stage
+rm -rf "$dist" "$stage"; mkdir -p "$dist" "$stage/bin" "$stage/tests" "$stage/benches"
+echo "$msgs" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if not m["package_id"].split("#")[0].rstrip("/").endswith("/specdec") and "specdec" not in m["package_id"]:
+        continue
+    t = m["target"]
+    kind = t["kind"][0]
+    if m["profile"]["test"]:
+        # Test harnesses: the integration tests and the library unit tests (a binary target's
+        # unit-test harness would share the name of the binary; it has no tests).
+        folder = {"test": "tests", "lib": "tests"}.get(kind)
+    else:
+        folder = {"bin": "bin", "bench": "benches"}.get(kind)
+    if folder:
+        print(folder, t["name"], m["executable"])
+' | while read -r folder name exe; do
+  strip -o "$stage/$folder/$name" "$exe"
+done
+echo "$root" > "$stage/manifest-dir"
+echo "$CARGO_TARGET_DIR" > "$stage/target-dir"
+git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+echo "== packing $(du -sh "$stage" | cut -f1) into $dist/specdec-cuda.tar.xz"
+tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=3,dict=256MiB > "$dist/specdec-cuda.tar.xz"
+rm -rf "$stage"
+ls -la "$dist"
+echo "== done: carry $dist; on the GPU machine run scripts/gpu-unpack.sh"

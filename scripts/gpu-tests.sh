@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU test pass: every test binary of a `--features cuda` build (scripts/build-cuda.sh,
+# unpacked by scripts/gpu-unpack.sh) run with its tensors and models on the GPU
+# (SPECDEC_TEST_DEVICE=cuda) in f32, then the transformers parity tests again in bf16 at the
+# bf16 tolerance. Writes a markdown report (date, device, every binary's result lines) to
+# $1 (default gpu-test-pass.md) and exits non-zero when any binary failed.
+#
+# Usage (on the GPU machine, in the checkout): LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
+#   scripts/gpu-tests.sh [REPORT]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+report=${1:-gpu-test-pass.md}
+log=${report%.md}.log
+run=.cuda/run/tests
+export SPECDEC_TEST_DEVICE=${SPECDEC_TEST_DEVICE:-cuda}
+# Property tests: every case is hundreds of tiny tensor operations, each a kernel launch and
+# often a host round trip on the GPU; 100 cases per property (1000 on the CPU) and a bounded
+# shrink keep the pass within minutes. Each binary gets at most $PER_BINARY_S seconds.
+export SPECDEC_TEST_CASES=${SPECDEC_TEST_CASES:-100} PROPTEST_MAX_SHRINK_ITERS=${PROPTEST_MAX_SHRINK_ITERS:-64}
+PER_BINARY_S=${PER_BINARY_S:-240}
+status=0
+{
+  echo "# GPU test pass"
+  echo
+  echo "* date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "* device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo unknown)"
+  echo "* build: \`scripts/build-cuda.sh\` (commit $(cat .cuda/run/commit 2>/dev/null || echo unknown)), run by \`scripts/gpu-tests.sh\`"
+  echo "* SPECDEC_TEST_DEVICE=$SPECDEC_TEST_DEVICE, SPECDEC_TEST_CASES=$SPECDEC_TEST_CASES (property-test cases), at most ${PER_BINARY_S} s per binary"
+  echo
+  echo "| test binary | dtype | result |"
+  echo "|---|---|---|"
+} > "$report"
+: > "$log"
+one() {  # one <binary> <dtype> [filter...]
+  local bin=$1 dtype=$2; shift 2
+  echo "== $bin (SPECDEC_TEST_DTYPE=$dtype) $*" | tee -a "$log"
+  local out
+  out=$(SPECDEC_TEST_DTYPE=$dtype timeout "$PER_BINARY_S" "$run/$bin" --test-threads 1 "$@" 2>&1)
+  local rc=$?
+  echo "$out" >> "$log"
+  local line
+  line=$(echo "$out" | grep -E "^test result:" | tail -1)
+  [ -n "$line" ] || line="no result line (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))"
+  echo "$line" | tee -a "$log"
+  echo "| \`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
+  if [ $rc -ne 0 ]; then
+    status=1
+    echo "$out" | grep -E "panicked at|^---- |relative error|assert" | head -20 | sed 's/^/    /' >> "$report.failures"
+  fi
+}
+for path in "$run"/*; do
+  bin=$(basename "$path")
+  [ "$bin" = specdec ] && continue  # the library's unit tests are CPU kernels and masks
+  one "$bin" f32
+done
+one models bf16 logits_match_transformers
+one models bf16 tiny_models_decode_incrementally_like_a_full_forward
+if [ -f "$report.failures" ]; then
+  { echo; echo "## Failures"; echo; echo '```'; cat "$report.failures"; echo '```'; } >> "$report"
+  rm -f "$report.failures"
+fi
+echo "report: $report, full log: $log"
+exit $status

@@ -1,0 +1,206 @@
+//! A synthetic-acceptance drafter for speed studies without a trained pair.
+//!
+//! The oracle knows the target's own greedy continuation of the prompt (computed untimed by
+//! [`Drafter::prepare`]) and proposes it, each token kept with probability `alpha` and
+//! replaced by a different token otherwise. Under greedy verification the target accepts a
+//! kept token (it *is* the target's argmax at that position) and rejects a replaced one, so
+//! the per-token acceptance probability is exactly `alpha`. With a draft model attached, the
+//! oracle also runs that model's forwards over the tokens it proposes (inside the model's
+//! own transactional cache), so a step costs what a real draft of that size would.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::decode::{autoregressive, GammaPolicy, GenParams};
+use super::drafter::{Draft, Drafter, FixedDraft};
+use super::sampling::SamplingParams;
+use super::LanguageModel;
+use crate::cache::{ModelCache, RotatingStrategy, Speculation};
+use crate::error::{Error, Result};
+
+/// Greedy continuations by prompt, shared by every oracle over the same target so each
+/// prompt's reference pass runs once per run.
+pub type ReferenceStore = Arc<Mutex<HashMap<Vec<u32>, Vec<u32>>>>;
+
+/// Proposes the target's greedy continuation with per-token acceptance `alpha`.
+pub struct OracleDrafter<M> {
+    name: String,
+    target: Arc<M>,
+    alpha: f64,
+    /// The draft model whose forwards are run for their cost, with its cache.
+    cost: Option<(Arc<M>, ModelCache)>,
+    references: ReferenceStore,
+    /// `(prompt length, greedy continuation)` of the prompt being generated.
+    current: Option<(usize, Arc<[u32]>)>,
+    forwards: usize,
+}
+
+impl<M: LanguageModel> OracleDrafter<M> {
+    /// An oracle over `target` keeping each proposed token with probability `alpha`
+    /// (in `[0, 1]`); `cost_model` (with its rotating `strategy`) is run for its cost.
+    pub fn new(
+        name: impl Into<String>,
+        target: Arc<M>,
+        alpha: f64,
+        cost_model: Option<(Arc<M>, RotatingStrategy)>,
+        references: ReferenceStore,
+    ) -> Result<Self> {
+        if !(0.0..=1.0).contains(&alpha) {
+            return Err(Error::invalid(format!(
+                "oracle alpha = {alpha}: must be in [0, 1]"
+            )));
+        }
+        let cost = match cost_model {
+            Some((model, strategy)) => {
+                let cache = model.new_cache(strategy)?;
+                Some((model, cache))
+            }
+            None => None,
+        };
+        Ok(Self {
+            name: name.into(),
+            target,
+            alpha,
+            cost,
+            references,
+            current: None,
+            forwards: 0,
+        })
+    }
+
+    /// The reference continuation of `prompt` (`max_new_tokens` greedy target tokens),
+    /// computed once and kept in the shared store.
+    fn reference(&self, prompt: &[u32], max_new_tokens: usize) -> Result<Arc<[u32]>> {
+        let store = |e: std::sync::PoisonError<_>| Error::invalid(format!("oracle store: {e}"));
+        if let Some(r) = self.references.lock().map_err(store)?.get(prompt) {
+            if r.len() >= max_new_tokens {
+                return Ok(r[..max_new_tokens].into());
+            }
+        }
+        let params = GenParams {
+            max_new_tokens,
+            sampling: SamplingParams::greedy(),
+            gamma: GammaPolicy::Fixed(1),
+            stop_at_eos: false,
+        };
+        let mut cache = self.target.new_cache(RotatingStrategy::Staged)?;
+        let mut rng = rand::SeedableRng::seed_from_u64(0);
+        let record = autoregressive(self.target.as_ref(), &mut cache, prompt, &params, &mut rng)?;
+        let tokens = record.output_ids;
+        self.references
+            .lock()
+            .map_err(store)?
+            .insert(prompt.to_vec(), tokens.clone());
+        Ok(tokens.into())
+    }
+
+    /// Up to `max` proposals after `context`: the reference, each token replaced with
+    /// probability `1 - alpha` by a uniformly drawn different token.
+    fn proposals(&self, context: &[u32], max: usize, rng: &mut StdRng) -> Result<Vec<u32>> {
+        let Some((prompt_len, reference)) = &self.current else {
+            return Err(Error::invalid(
+                "oracle drafter: prepare() was not called for this prompt",
+            ));
+        };
+        let vocab = self.target.vocab_size() as u32;
+        // `context` = prompt + the committed output tokens; the next is reference[k].
+        let at = context.len().saturating_sub(*prompt_len);
+        let mut tokens = Vec::with_capacity(max);
+        for &truth in reference.iter().skip(at).take(max) {
+            let keep = vocab < 2 || rng.random::<f64>() < self.alpha;
+            tokens.push(if keep {
+                truth
+            } else {
+                // Uniform over the vocabulary without `truth`.
+                let r = rng.random_range(0..vocab - 1);
+                if r >= truth {
+                    r + 1
+                } else {
+                    r
+                }
+            });
+        }
+        Ok(tokens)
+    }
+}
+
+/// The cost model's tentative forwards over the proposed tokens.
+struct CostDraft<'a> {
+    spec: Speculation<'a>,
+    tokens: Vec<u32>,
+}
+
+impl Draft for CostDraft<'_> {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    fn probs(&self) -> Option<&[Vec<f32>]> {
+        None
+    }
+    /// As for a draft model: the speculation holds all but the last proposal.
+    fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
+        let keep = accepted.min(self.spec.appended());
+        self.spec.commit(keep)
+    }
+}
+
+impl<M: LanguageModel> Drafter for OracleDrafter<M> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prepare(&mut self, prompt: &[u32], max_new_tokens: usize) -> Result<()> {
+        let reference = self.reference(prompt, max_new_tokens)?;
+        self.current = Some((prompt.len(), reference));
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        if let Some((_, cache)) = self.cost.as_mut() {
+            cache.reset();
+        }
+        self.forwards = 0;
+        Ok(())
+    }
+
+    fn propose<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        if !sampling.is_greedy() {
+            return Err(Error::invalid(format!(
+                "oracle drafter {:?} needs greedy sampling (temperature = 0): its acceptance is defined against the target's argmax",
+                self.name
+            )));
+        }
+        let tokens = self.proposals(context, max, rng)?;
+        let Some((model, cache)) = self.cost.as_mut() else {
+            return Ok(Box::new(FixedDraft(tokens)));
+        };
+        if tokens.is_empty() {
+            return Ok(Box::new(FixedDraft(tokens)));
+        }
+        // Same forwards as a draft model: the committed tokens it has not seen, then every
+        // proposal but the last inside a speculation.
+        if cache.offset() >= context.len() {
+            cache.reset();
+        }
+        model.forward_last(&context[cache.offset()..], cache)?;
+        self.forwards += 1;
+        let mut spec = cache.speculate()?;
+        for &t in &tokens[..tokens.len() - 1] {
+            model.forward_last(&[t], spec.cache())?;
+            self.forwards += 1;
+        }
+        Ok(Box::new(CostDraft { spec, tokens }))
+    }
+
+    fn forwards(&self) -> usize {
+        self.forwards
+    }
+}

@@ -1,0 +1,183 @@
+//! Conversations and shared prefixes on real checkpoints: greedy outputs with the prefix
+//! store on, and with caches continued from the previous turn, equal outputs of a fresh full
+//! prefill of every turn's whole prompt — for a sliding-window target (the shipped Mistral,
+//! window 64), a full-attention target (the shipped Llama draft used as a target) and a mixed
+//! one (the Gemma 3 fixture: 5 sliding layers of window 8, 1 global), both rotating
+//! strategies, autoregressive and speculative (draft model and n-gram drafters), turns 1
+//! and 2. Two conversations share a system text longer than every window.
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::{ModelCache, PrefixStore, RotatingStrategy};
+use specdec::models::{LoadOptions, Model};
+use specdec::speculative::{
+    autoregressive, autoregressive_continue, speculative_continue, CachedSequence, Drafter,
+    GammaPolicy, GenParams, GenerationRecord, ModelDrafter, NgramDrafter, SamplingParams,
+};
+
+fn load(rel: &str) -> Arc<Model> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    Arc::new(Model::load(&dir, &LoadOptions::default()).expect("model loads"))
+}
+
+fn greedy(gamma: usize) -> GenParams {
+    GenParams {
+        max_new_tokens: 40,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(gamma),
+        stop_at_eos: true,
+    }
+}
+
+/// Deterministic token ids below `vocab` (the fixtures have no tokenizer).
+fn text(seed: u32, len: usize, vocab: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).rotate_left(seed % 31) ^ seed) % (vocab - 1) + 1)
+        .collect()
+}
+
+/// Two conversations `[system + question 1, answer 1 + question 2]` sharing the system text.
+struct Script {
+    system: Vec<u32>,
+    questions: [[Vec<u32>; 2]; 2],
+}
+
+impl Script {
+    fn new(vocab: u32) -> Self {
+        Self {
+            system: text(1, 150, vocab),
+            questions: [
+                [text(2, 9, vocab), text(3, 7, vocab)],
+                [text(4, 6, vocab), text(5, 11, vocab)],
+            ],
+        }
+    }
+}
+
+/// How a conversation is decoded.
+enum Method {
+    Autoregressive,
+    Speculative(Box<dyn Drafter>),
+}
+
+fn run(
+    target: &Model,
+    seq: &mut CachedSequence,
+    method: &mut Method,
+    prompt: &[u32],
+) -> GenerationRecord {
+    let mut rng = StdRng::seed_from_u64(0);
+    match method {
+        Method::Autoregressive => {
+            autoregressive_continue(target, seq, prompt, &greedy(1), &mut rng).unwrap()
+        }
+        Method::Speculative(d) => {
+            speculative_continue(target, seq, d.as_mut(), prompt, &greedy(3), &mut rng).unwrap()
+        }
+    }
+}
+
+/// Reference: each turn's whole prompt prefilled from an empty cache, autoregressively.
+fn reference(target: &Model, strategy: RotatingStrategy, script: &Script) -> Vec<Vec<u32>> {
+    let mut outputs = Vec::new();
+    let mut cache: ModelCache = target.new_cache(strategy).unwrap();
+    for [q1, q2] in &script.questions {
+        let p1 = [script.system.as_slice(), q1].concat();
+        let mut rng = StdRng::seed_from_u64(0);
+        let a1 = autoregressive(target, &mut cache, &p1, &greedy(1), &mut rng).unwrap();
+        let p2 = [p1.as_slice(), &a1.output_ids, q2].concat();
+        let a2 = autoregressive(target, &mut cache, &p2, &greedy(1), &mut rng).unwrap();
+        outputs.extend([a1.output_ids, a2.output_ids]);
+    }
+    outputs
+}
+
+/// Both conversations through one sequence (the store, when present, is shared): turn 2
+/// continues turn 1's cache; a new conversation starts from the store alone. Checks the
+/// reuse counts and returns the four outputs.
+fn converse(
+    target: &Model,
+    seq: &mut CachedSequence,
+    method: &mut Method,
+    script: &Script,
+) -> Vec<Vec<u32>> {
+    let mut outputs = Vec::new();
+    for (c, [q1, q2]) in script.questions.iter().enumerate() {
+        seq.reset();
+        if let Method::Speculative(d) = method {
+            d.reset().unwrap();
+        }
+        let p1 = [script.system.as_slice(), q1].concat();
+        let t1 = run(target, seq, method, &p1);
+        assert_eq!(
+            t1.prefill_tokens_computed + t1.prefill_tokens_reused,
+            p1.len()
+        );
+        if c == 1 && seq.store().is_some() {
+            assert!(
+                t1.prefill_tokens_reused > 0,
+                "the system text comes from the store"
+            );
+        }
+        let p2 = [p1.as_slice(), &t1.output_ids, q2].concat();
+        let t2 = run(target, seq, method, &p2);
+        // Everything turn 1 committed is kept: all of it but its last token.
+        let held = p1.len() + t1.output_ids.len() - 1;
+        assert!(t2.prefill_tokens_reused >= held, "turn 2 continues turn 1");
+        outputs.extend([t1.output_ids, t2.output_ids]);
+    }
+    outputs
+}
+
+fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
+    let vocab = target.info().vocab_size as u32;
+    let script = Script::new(vocab);
+    for strategy in [
+        RotatingStrategy::Staged,
+        RotatingStrategy::Slack { max_draft: 3 },
+    ] {
+        let expected = reference(target, strategy, &script);
+        for store in [false, true] {
+            let mut methods = vec![
+                Method::Autoregressive,
+                Method::Speculative(Box::new(NgramDrafter::new("ngram", 1, 3).unwrap())),
+            ];
+            if let Some(d) = &drafter {
+                let mut m = ModelDrafter::new("draft", d.clone(), strategy, None).unwrap();
+                if store {
+                    m = m.with_prefix_store(PrefixStore::new(64 << 20), 32);
+                }
+                methods.push(Method::Speculative(Box::new(m)));
+            }
+            for mut method in methods {
+                let mut seq = CachedSequence::new(target.new_cache(strategy).unwrap());
+                if store {
+                    // Checkpoints every 32 tokens: the 150-token system text crosses four.
+                    seq.set_store(PrefixStore::new(64 << 20), 32);
+                }
+                let got = converse(target, &mut seq, &mut method, &script);
+                let name = match &method {
+                    Method::Autoregressive => "autoregressive".to_string(),
+                    Method::Speculative(d) => d.name().to_string(),
+                };
+                assert_eq!(got, expected, "{name} {strategy:?} store={store}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sliding_window_target_with_store_and_continued_turns_equals_fresh_prefills() {
+    check_target(&load("models/target"), Some(load("models/draft")));
+}
+
+#[test]
+fn full_attention_target_with_store_and_continued_turns_equals_fresh_prefills() {
+    check_target(&load("models/draft"), Some(load("models/draft")));
+}
+
+#[test]
+fn mixed_target_with_store_and_continued_turns_equals_fresh_prefills() {
+    check_target(&load("tests/fixtures/hf/gemma3"), None);
+}
