@@ -90,6 +90,19 @@ impl Output<'_> {
         }
         self.record.stop_reason.is_some()
     }
+
+    /// How many of `tokens` [`Output::push`] would take before the generation stops (all of
+    /// them when it does not stop).
+    fn takes(&self, tokens: &[u32]) -> usize {
+        let room = self.params.max_new_tokens - self.record.output_ids.len();
+        let eos = tokens
+            .iter()
+            .position(|t| self.params.stop_at_eos && self.eos.contains(t));
+        tokens
+            .len()
+            .min(room)
+            .min(eos.map_or(usize::MAX, |e| e + 1))
+    }
 }
 
 /// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
@@ -260,7 +273,12 @@ fn speculative_continue_with<M: LanguageModel>(
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
         let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
-        spec.commit(verdict.accepted + 1)?;
+        // The cache keeps the K/V of every token this step outputs but the last (whose K/V the
+        // next step computes): `accepted + 1`, fewer when an EOS among the accepted drafts
+        // ends the generation (the tokens after it are never output).
+        let mut step_tokens = drafts[..verdict.accepted].to_vec();
+        step_tokens.push(verdict.next);
+        spec.commit(out.takes(&step_tokens))?;
         out.record.verify_s += t_verify.elapsed().as_secs_f64();
 
         let t_finish = Instant::now();
