@@ -211,11 +211,13 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         Ok(())
     }
 
-    /// Runs the draft model over the prompt (reusing what its cache and store hold, see
-    /// `sync`); the first proposal then feeds only the tokens committed after it.
+    /// Runs the draft model over the prompt (reusing what its cache and store hold, in
+    /// pieces: see [`CachedSequence::prefill`]); the first proposal then feeds only the
+    /// tokens committed after it.
     fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
         if !prompt.is_empty() {
-            self.sync(prompt)?;
+            let (_, stats) = self.seq.prefill(self.model.as_ref(), prompt)?;
+            self.forwards += stats.forwards;
         }
         Ok(())
     }
