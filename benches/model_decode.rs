@@ -1,56 +1,164 @@
-//! CPU throughput of the default target model (`models/target`, or the directory in
-//! `SPECDEC_BENCH_MODEL`): prefill of 128 tokens; single-token decode at positions 128..256
-//! (the cache is re-seeded from a prefilled copy, untimed, when it reaches 256); and
-//! verification forwards of 2, 5 and 9 tokens after the 128-token prompt, rolled back after
-//! each (what one speculative step with γ = 1, 4, 8 costs the target).
-use std::path::PathBuf;
+//! CPU cost of the forwards speculative decoding is made of, for the shipped target and draft
+//! (`models/target`, `models/draft`; or only the directory in `SPECDEC_BENCH_MODEL`).
+//!
+//! 1. **Paired table** (printed first): after a prompt of each context length (128, 1,024 and
+//!    3,000 tokens, or `SPECDEC_BENCH_CONTEXTS=128,512`; lengths past the model's
+//!    `max_position_embeddings` are left out), a one-token decode step and verification
+//!    forwards of 2, 5 and 9 tokens (γ = 1, 4, 8), interleaved: each round times
+//!    [`PER_ROUND`] forwards of every kind in an order that rotates per round; the table
+//!    gives the median over rounds of each kind's mean forward time and of its ratio to the
+//!    decode step of the same round (a paired ratio, so drift of the machine's speed cancels).
+//!    Decode steps advance a copy of the prefilled cache, as autoregressive decoding does;
+//!    verifications run inside a speculation that rolls back.
+//! 2. **criterion** (target only): prefill of 128 tokens, decode and verify 2 / 5 / 9 after 128.
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
-use specdec::cache::RotatingStrategy;
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::experiment::context_limit;
 use specdec::models::{LoadOptions, Model};
 
 const PROMPT: usize = 128;
 const DECODE_SPAN: usize = 128;
+/// Forwards of each kind per round of the paired table.
+const PER_ROUND: usize = 8;
+/// Rounds of the paired table.
+const ROUNDS: usize = 15;
+/// Forward lengths of the paired table: a decode step, then verifications of γ + 1 tokens.
+const KINDS: [usize; 4] = [1, 2, 5, 9];
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("SPECDEC_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/target"))
+fn strategy() -> RotatingStrategy {
+    RotatingStrategy::Slack { max_draft: 8 }
+}
+
+fn model_dirs() -> Vec<PathBuf> {
+    match std::env::var_os("SPECDEC_BENCH_MODEL") {
+        Some(dir) => vec![PathBuf::from(dir)],
+        None => ["models/target", "models/draft"]
+            .iter()
+            .map(|d| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(d))
+            .collect(),
+    }
+}
+
+fn contexts() -> Vec<usize> {
+    std::env::var("SPECDEC_BENCH_CONTEXTS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![128, 1024, 3000])
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
 
-fn bench(c: &mut Criterion) {
-    let dir = model_dir();
+fn load(dir: &Path) -> Option<Model> {
     if !dir.join("config.json").is_file() {
         println!("model_decode: no model at {}, skipping", dir.display());
-        return;
+        return None;
     }
-    let model = match Model::load(&dir, &LoadOptions::default()) {
-        Ok(model) => model,
-        Err(e) => {
-            println!("model_decode: cannot load {}: {e}", dir.display());
-            return;
+    Model::load(dir, &LoadOptions::default())
+        .map_err(|e| println!("model_decode: cannot load {}: {e}", dir.display()))
+        .ok()
+}
+
+/// Mean seconds per forward of `len` tokens, `PER_ROUND` forwards after `seeded`'s prompt.
+fn time_kind(model: &Model, seeded: &ModelCache, len: usize, vocab: usize) -> f64 {
+    let block = tokens(len, vocab);
+    let mut spent = Duration::ZERO;
+    if len == 1 {
+        let mut cache = seeded.deep_clone().expect("clone");
+        for token in tokens(PER_ROUND, vocab) {
+            let start = Instant::now();
+            std::hint::black_box(model.forward_last(&[token], &mut cache).expect("forward"));
+            spent += start.elapsed();
         }
+    } else {
+        let mut cache = seeded.deep_clone().expect("clone");
+        for _ in 0..PER_ROUND {
+            let mut spec = cache.speculate().expect("speculate");
+            let start = Instant::now();
+            std::hint::black_box(model.forward(&block, spec.cache()).expect("forward"));
+            spent += start.elapsed();
+            // `spec` drops here: the cache rolls back to the prompt.
+        }
+    }
+    spent.as_secs_f64() / PER_ROUND as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
+}
+
+/// One row of the paired table: `context`, then per kind (median ms, median ratio to decode).
+fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
+    let vocab = model.info().vocab_size;
+    let mut seeded = model.new_cache(strategy()).expect("cache");
+    model
+        .forward_last(&tokens(context, vocab), &mut seeded)
+        .expect("prefill");
+    let mut times = vec![Vec::new(); KINDS.len()];
+    for round in 0..ROUNDS {
+        for i in 0..KINDS.len() {
+            let k = (i + round) % KINDS.len();
+            times[k].push(time_kind(model, &seeded, KINDS[k], vocab));
+        }
+    }
+    (0..KINDS.len())
+        .map(|k| {
+            let ratios = times[k].iter().zip(&times[0]).map(|(t, d)| t / d);
+            (1e3 * median(times[k].clone()), median(ratios.collect()))
+        })
+        .collect()
+}
+
+fn paired_table(dir: &Path, model: &Model) {
+    let info = model.info();
+    let limit = context_limit(dir).ok().flatten().unwrap_or(usize::MAX);
+    println!(
+        "\nmodel_decode paired: {} ({}, {:.1}M params, window {:?}, max_position_embeddings {limit})",
+        dir.display(),
+        info.arch,
+        info.param_count as f64 / 1e6,
+        info.sliding_window
+    );
+    println!("| context | decode ms | verify 2 ms (×decode) | verify 5 ms (×decode) | verify 9 ms (×decode) |");
+    println!("|---:|---:|---:|---:|---:|");
+    for context in contexts()
+        .into_iter()
+        .filter(|c| c + 9 + PER_ROUND <= limit)
+    {
+        let row = paired_row(model, context);
+        let cells: Vec<String> = row[1..]
+            .iter()
+            .map(|(ms, x)| format!("{ms:.3} ({x:.2}×)"))
+            .collect();
+        println!("| {context} | {:.3} | {} |", row[0].0, cells.join(" | "));
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let Some(dir) = model_dirs().into_iter().next() else {
+        return;
     };
+    let Some(model) = load(&dir) else { return };
     let info = model.info();
     let prompt = tokens(PROMPT, info.vocab_size);
-    let strategy = RotatingStrategy::Slack { max_draft: 8 };
     let name = format!("{} {}M params", info.arch, info.param_count / 1_000_000);
 
     let mut group = c.benchmark_group(format!("model_decode/{name}"));
     group.throughput(Throughput::Elements(PROMPT as u64));
     group.bench_function(format!("prefill_{PROMPT}"), |b| {
         b.iter(|| {
-            let mut cache = model.new_cache(strategy).expect("cache");
+            let mut cache = model.new_cache(strategy()).expect("cache");
             model.forward(&prompt, &mut cache).expect("forward")
         })
     });
 
-    let mut seeded = model.new_cache(strategy).expect("cache");
+    let mut seeded = model.new_cache(strategy()).expect("cache");
     model.forward(&prompt, &mut seeded).expect("prefill");
     group.throughput(Throughput::Elements(1));
     group.bench_function("decode_1", |b| {
@@ -92,6 +200,17 @@ criterion_group! {
 // The benches run on rayon's pool, as `exp` does (see `specdec::nn::on_cpu_pool`): forwards
 // called from outside it would pay a thread handoff each.
 fn main() {
+    specdec::nn::on_cpu_pool(|| {
+        for dir in model_dirs() {
+            if let Some(model) = load(&dir) {
+                paired_table(&dir, &model);
+            }
+        }
+        println!();
+    });
+    if std::env::var_os("SPECDEC_BENCH_PAIRED_ONLY").is_some() {
+        return;
+    }
     specdec::nn::on_cpu_pool(benches);
     criterion::Criterion::default()
         .configure_from_args()

@@ -264,3 +264,30 @@ fn ngram_drafter_reaches_high_acceptance_on_repetitive_text() {
         "few target forwards per token"
     );
 }
+
+#[test]
+fn an_eos_among_accepted_drafts_ends_the_generation_and_leaves_a_consistent_cache() {
+    // The target drafting for itself: every draft is accepted, so blocks run on past an EOS.
+    for target in targets() {
+        let ar_full = run_ar(
+            &target,
+            &[4, 2],
+            &params(40, GammaPolicy::Fixed(1), SamplingParams::greedy()),
+            RotatingStrategy::Staged,
+            0,
+        );
+        for &eos in ar_full.output_ids.iter().take(10) {
+            let seed = if target.window.is_some() { 2 } else { 1 };
+            let target = Toy::new(VOCAB, 16, seed, 3.0, target.window).with_eos(vec![eos]);
+            let twin = Arc::new(Toy::new(VOCAB, 16, seed, 3.0, target.window));
+            let p = params(40, GammaPolicy::Fixed(8), SamplingParams::greedy());
+            let ar = run_ar(&target, &[4, 2], &p, RotatingStrategy::Staged, 0);
+            for strategy in strategies() {
+                let mut drafter =
+                    ModelDrafter::new("twin", Arc::clone(&twin), strategy, None).unwrap();
+                let sp = run_spec(&target, &mut drafter, &[4, 2], &p, strategy, 0);
+                assert_eq!(sp.output_ids, ar.output_ids, "eos {eos}, {strategy:?}");
+            }
+        }
+    }
+}

@@ -181,8 +181,8 @@ fn check_plots(rows: &[PointSummary]) {
             plot.display()
         );
         assert!(
-            svg.contains("toy") && svg.contains("T=0 staged"),
-            "{}: legend",
+            svg.contains("toy · T=0") && svg.contains("cache = staged"),
+            "{}: panel titles and legend",
             plot.display()
         );
     }
@@ -379,6 +379,7 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     let sets = [
         "dataset.limit=2",
         "max_new_tokens=24",
+        "repeats=1",
         "sweep.gamma=[2, 4]",
         "sweep.temperature=[0.0, 1.0]",
         "sweep.cache=[\"staged\", \"slack\"]",

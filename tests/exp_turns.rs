@@ -30,6 +30,7 @@ fn spec_bench_conversations_run_every_turn_with_the_store_on_and_off() {
         "dataset.limit=2",
         "dataset.turns=\"all\"",
         "max_new_tokens=20",
+        "repeats=1",
         "warmup=false",
         "sweep.drafter=\"small\"",
         "sweep.gamma=3",

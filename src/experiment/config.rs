@@ -30,6 +30,13 @@ pub struct ExperimentConfig {
     /// Run one short untimed generation per model before measuring (allocations, caches).
     #[serde(default = "yes")]
     pub warmup: bool,
+    /// How many times every (point, prompt) generation is run; per-point figures are medians
+    /// over repeats and speedups medians over paired (repeat, prompt) ratios.
+    #[serde(default = "one")]
+    pub repeats: usize,
+    /// The order generations run in (see [`RunOrder`]).
+    #[serde(default)]
+    pub order: RunOrder,
     /// Where the models run.
     #[serde(default)]
     pub device: DeviceChoice,
@@ -76,6 +83,29 @@ pub enum DeviceChoice {
     Cuda,
     /// The first Metal GPU (needs `--features metal`).
     Metal,
+}
+
+/// `order = "interleaved" | "grouped"`: the sequence in which generations run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOrder {
+    /// For each prompt, the autoregressive point and every speculative point that shares its
+    /// sampling and cache run back to back, their order rotating with the repeat and the
+    /// prompt: a paired comparison that slow drift of the machine's speed cannot bias.
+    #[default]
+    Interleaved,
+    /// Every prompt of one point, then the next point (autoregressive points first), the
+    /// whole sweep once per repeat.
+    Grouped,
+}
+
+impl fmt::Display for RunOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RunOrder::Interleaved => "interleaved",
+            RunOrder::Grouped => "grouped",
+        })
+    }
 }
 
 /// `dtype = "auto" | "f32" | "bf16" | "f16"`.

@@ -1,37 +1,55 @@
-//! SVG plots of a run: acceptance vs γ, speedup vs γ (measured and predicted), acceptance
-//! per draft position. plotters' SVG backend writes text as `<text>` elements and, without
-//! its font features, estimates label sizes itself: no system font is needed.
+//! SVG plots of a run as small multiples: one panel per drafter × sampling setting, one
+//! colour per cache strategy. `speedup_vs_gamma.svg`: measured speedup (solid, with its 95%
+//! interval) and the time-accounting prediction (b) (dashed); `acceptance_vs_gamma.svg`: α;
+//! `acceptance_per_position.svg`: acceptance per draft position at the longest γ. Series that
+//! coincide in a panel (greedy acceptance is the same under every cache strategy) are drawn
+//! once and named together. plotters' SVG backend writes text as `<text>` elements and,
+//! without its font features, estimates label sizes itself: no system font is needed.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
-use super::config::GammaChoice;
+use super::config::{CacheChoice, GammaChoice};
 use super::report::PointSummary;
 use crate::error::{Error, Result};
 
 type PlotResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
-/// One line of a chart.
+/// One line of a panel; `interval[i]` is the (low, high) of `points[i]` when drawn.
+#[derive(Debug, Clone, PartialEq)]
 struct Series {
-    name: String,
+    /// Cache strategies this line stands for (several when their series coincide).
+    caches: Vec<CacheChoice>,
     points: Vec<(f64, f64)>,
+    interval: Vec<Option<(f64, f64)>>,
     dashed: bool,
-    color: usize,
 }
 
-struct Chart<'a> {
+/// One panel: a drafter under one sampling setting.
+struct Panel {
+    title: String,
+    series: Vec<Series>,
+}
+
+struct Figure<'a> {
     title: &'a str,
     x_desc: &'a str,
     y_desc: &'a str,
     x: (f64, f64),
     y: (f64, f64),
+    reference: Option<f64>,
+    /// What solid and dashed lines mean (empty: all solid, nothing to explain).
+    line_key: &'a [(&'a str, bool)],
+    /// Horizontal shift of each cache's series (± this), so that error bars at the same γ
+    /// stay apart.
+    jitter: f64,
 }
 
 /// Writes the plots into `dir` and returns their paths (none without speculative points).
 pub fn write_plots(dir: &Path, rows: &[PointSummary]) -> Result<Vec<PathBuf>> {
-    let groups = fixed_gamma_groups(rows);
+    let panels = panel_rows(rows);
     let mut written = Vec::new();
     let mut save = |name: &str, svg: Option<String>| -> Result<()> {
         if let Some(svg) = svg {
@@ -41,170 +59,253 @@ pub fn write_plots(dir: &Path, rows: &[PointSummary]) -> Result<Vec<PathBuf>> {
         }
         Ok(())
     };
-    save("acceptance_vs_gamma.svg", acceptance_vs_gamma(&groups)?)?;
-    save("speedup_vs_gamma.svg", speedup_vs_gamma(&groups)?)?;
+    save("acceptance_vs_gamma.svg", acceptance_vs_gamma(&panels)?)?;
+    save("speedup_vs_gamma.svg", speedup_vs_gamma(&panels)?)?;
     save(
         "acceptance_per_position.svg",
-        acceptance_per_position(&groups, rows)?,
+        acceptance_per_position(&panels)?,
     )?;
     Ok(written)
 }
 
-/// Speculative rows with a fixed γ, grouped by drafter and setting, sorted by γ.
-fn fixed_gamma_groups(rows: &[PointSummary]) -> BTreeMap<String, Vec<(usize, &PointSummary)>> {
-    let mut groups: BTreeMap<String, Vec<(usize, &PointSummary)>> = BTreeMap::new();
+/// Speculative rows with a fixed γ by panel (`drafter · sampling`), then by cache, sorted by γ.
+type PanelRows<'a> = BTreeMap<String, BTreeMap<CacheChoice, Vec<(usize, &'a PointSummary)>>>;
+
+fn panel_rows(rows: &[PointSummary]) -> PanelRows<'_> {
+    let mut panels: PanelRows = BTreeMap::new();
     for row in rows {
         let s = &row.settings;
         if let (Some(d), Some(GammaChoice::Fixed(g))) = (&s.drafter, s.gamma) {
-            groups
-                .entry(format!("{d} {}", s.setting_label()))
+            let sampling = s.setting_label();
+            let sampling = sampling.trim_end_matches(&format!(" {}", s.cache));
+            panels
+                .entry(format!("{d} · {sampling}"))
+                .or_default()
+                .entry(s.cache)
                 .or_default()
                 .push((g, row));
         }
     }
-    for group in groups.values_mut() {
-        group.sort_by_key(|(g, _)| *g);
+    for by_cache in panels.values_mut() {
+        for group in by_cache.values_mut() {
+            group.sort_by_key(|(g, _)| *g);
+        }
     }
-    groups
+    panels
 }
 
-fn gamma_range(groups: &BTreeMap<String, Vec<(usize, &PointSummary)>>) -> (f64, f64) {
-    let max = groups
+fn gamma_range(panels: &PanelRows) -> (f64, f64) {
+    let max = panels
         .values()
-        .flatten()
+        .flat_map(|p| p.values().flatten())
         .map(|(g, _)| *g)
         .max()
         .unwrap_or(1);
     (0.5, max as f64 + 0.5)
 }
 
-fn acceptance_vs_gamma(
-    groups: &BTreeMap<String, Vec<(usize, &PointSummary)>>,
-) -> Result<Option<String>> {
-    let series: Vec<Series> = groups
+/// Panels with one series per cache from `line`, coinciding series merged.
+fn build(
+    panels: &PanelRows,
+    line: impl Fn(&[(usize, &PointSummary)]) -> Vec<Series>,
+) -> Vec<Panel> {
+    panels
         .iter()
-        .enumerate()
-        .map(|(i, (name, rows))| Series {
-            name: name.clone(),
-            points: rows
-                .iter()
-                .filter_map(|(g, r)| Some((*g as f64, r.alpha?)))
-                .collect(),
-            dashed: false,
-            color: i,
+        .map(|(title, by_cache)| {
+            let all = by_cache.iter().flat_map(|(&cache, rows)| {
+                line(rows).into_iter().map(move |mut s| {
+                    s.caches = vec![cache];
+                    s
+                })
+            });
+            Panel {
+                title: title.clone(),
+                series: merge_coincident(all.collect()),
+            }
         })
-        .collect();
-    let chart = Chart {
+        .collect()
+}
+
+/// Series with the same points (within 1e-9), intervals and style become one, naming every
+/// cache strategy it stands for.
+fn merge_coincident(series: Vec<Series>) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for s in series.into_iter().filter(|s| !s.points.is_empty()) {
+        let same = |o: &Series| {
+            o.dashed == s.dashed
+                && o.points.len() == s.points.len()
+                && o.points
+                    .iter()
+                    .zip(&s.points)
+                    .all(|(a, b)| (a.0 - b.0).abs() < 1e-9 && (a.1 - b.1).abs() < 1e-9)
+                && o.interval == s.interval
+        };
+        match out.iter_mut().find(|o| same(o)) {
+            Some(o) => o.caches.extend(s.caches),
+            None => out.push(s),
+        }
+    }
+    out
+}
+
+fn series(points: Vec<(f64, f64)>, interval: Vec<Option<(f64, f64)>>, dashed: bool) -> Series {
+    Series {
+        caches: Vec::new(),
+        points,
+        interval,
+        dashed,
+    }
+}
+
+fn acceptance_vs_gamma(panels: &PanelRows) -> Result<Option<String>> {
+    let built = build(panels, |rows| {
+        let points: Vec<(f64, f64)> = rows
+            .iter()
+            .filter_map(|(g, r)| Some((*g as f64, r.alpha?)))
+            .collect();
+        vec![series(points, Vec::new(), false)]
+    });
+    let figure = Figure {
         title: "Acceptance rate vs draft length",
         x_desc: "γ (draft length)",
         y_desc: "α (accepted / proposed)",
-        x: gamma_range(groups),
+        x: gamma_range(panels),
         y: (0.0, 1.05),
+        reference: None,
+        line_key: &[],
+        jitter: 0.0,
     };
-    render(&chart, &series, None)
+    render(&figure, &built)
 }
 
-fn speedup_vs_gamma(
-    groups: &BTreeMap<String, Vec<(usize, &PointSummary)>>,
-) -> Result<Option<String>> {
-    let mut series = Vec::new();
-    for (i, (name, rows)) in groups.iter().enumerate() {
-        let measured = rows
-            .iter()
-            .filter_map(|(g, r)| Some((*g as f64, r.speedup?)));
+fn speedup_vs_gamma(panels: &PanelRows) -> Result<Option<String>> {
+    let built = build(panels, |rows| {
+        let measured: Vec<&(usize, &PointSummary)> =
+            rows.iter().filter(|(_, r)| r.speedup.is_some()).collect();
         let predicted = rows
             .iter()
-            .filter_map(|(g, r)| Some((*g as f64, r.predicted_speedup?)));
-        series.push(Series {
-            name: format!("{name} measured"),
-            points: measured.collect(),
-            dashed: false,
-            color: i,
-        });
-        series.push(Series {
-            name: format!("{name} predicted"),
-            points: predicted.collect(),
-            dashed: true,
-            color: i,
-        });
-    }
-    let top = series
+            .filter_map(|(g, r)| Some((*g as f64, r.cost.as_ref()?.predicted)));
+        vec![
+            series(
+                measured
+                    .iter()
+                    .map(|(g, r)| (*g as f64, r.speedup.unwrap_or(0.0)))
+                    .collect(),
+                measured.iter().map(|(_, r)| r.speedup_interval).collect(),
+                false,
+            ),
+            series(predicted.collect(), Vec::new(), true),
+        ]
+    });
+    let top = built
         .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .flat_map(|p| &p.series)
+        .flat_map(|s| {
+            let highs = s.interval.iter().flatten().map(|i| i.1);
+            s.points.iter().map(|p| p.1).chain(highs)
+        })
         .fold(1.0f64, f64::max);
-    let chart = Chart {
+    let figure = Figure {
         title: "Speedup over autoregressive vs draft length",
         x_desc: "γ (draft length)",
         y_desc: "speedup (× tokens/s)",
-        x: gamma_range(groups),
-        y: (0.0, top * 1.15),
+        x: gamma_range(panels),
+        y: (0.0, top * 1.1),
+        reference: Some(1.0),
+        line_key: &[
+            ("measured (median, 95% interval)", false),
+            ("predicted (b) τ/(γc+v+o)", true),
+        ],
+        jitter: 0.06,
     };
-    render(&chart, &series, Some(1.0))
+    render(&figure, &built)
 }
 
-fn acceptance_per_position(
-    groups: &BTreeMap<String, Vec<(usize, &PointSummary)>>,
-    rows: &[PointSummary],
-) -> Result<Option<String>> {
-    // The longest fixed draft of each setting (shorter ones repeat its first positions) and
-    // every adaptive point.
-    let longest = groups.values().filter_map(|g| g.last().map(|(_, r)| *r));
-    let adaptive = rows
+fn acceptance_per_position(panels: &PanelRows) -> Result<Option<String>> {
+    // The longest draft of each cache (shorter ones repeat its first positions).
+    let built = build(panels, |rows| {
+        let Some((_, longest)) = rows.last() else {
+            return Vec::new();
+        };
+        let points = (1..)
+            .map(|p| p as f64)
+            .zip(longest.acceptance_at.iter().copied())
+            .collect();
+        vec![series(points, Vec::new(), false)]
+    });
+    let longest = built
         .iter()
-        .filter(|r| r.settings.gamma == Some(GammaChoice::Adaptive));
-    let series: Vec<Series> = longest
-        .chain(adaptive)
-        .filter(|r| !r.acceptance_at.is_empty())
-        .enumerate()
-        .map(|(i, r)| Series {
-            name: r.label.clone(),
-            points: (1..)
-                .map(|p| p as f64)
-                .zip(r.acceptance_at.iter().copied())
-                .collect(),
-            dashed: false,
-            color: i,
-        })
-        .collect();
-    let longest = series.iter().map(|s| s.points.len()).max().unwrap_or(1);
-    let chart = Chart {
-        title: "Acceptance per draft position",
+        .flat_map(|p| &p.series)
+        .map(|s| s.points.len())
+        .max()
+        .unwrap_or(1);
+    let figure = Figure {
+        title: "Acceptance per draft position (longest γ of each panel)",
         x_desc: "draft position",
         y_desc: "P(accepted | proposed)",
         x: (0.5, longest as f64 + 0.5),
         y: (0.0, 1.05),
+        reference: None,
+        line_key: &[],
+        jitter: 0.0,
     };
-    render(&chart, &series, None)
+    render(&figure, &built)
 }
 
-/// The SVG text of `chart`, or `None` when no series has a point.
-fn render(chart: &Chart, series: &[Series], reference: Option<f64>) -> Result<Option<String>> {
-    if series.iter().all(|s| s.points.is_empty()) {
+const PANEL_W: u32 = 400;
+const PANEL_H: u32 = 300;
+const TITLE_H: u32 = 36;
+const LEGEND_H: u32 = 64;
+
+/// The SVG text of `figure`, or `None` when no panel has a point.
+fn render(figure: &Figure, panels: &[Panel]) -> Result<Option<String>> {
+    if panels.iter().all(|p| p.series.is_empty()) {
         return Ok(None);
     }
     let mut svg = String::new();
-    draw(&mut svg, chart, series, reference)
-        .map_err(|e| Error::invalid(format!("plot {:?}: {e}", chart.title)))?;
+    draw(&mut svg, figure, panels)
+        .map_err(|e| Error::invalid(format!("plot {:?}: {e}", figure.title)))?;
     Ok(Some(svg))
 }
 
-fn draw(svg: &mut String, chart: &Chart, series: &[Series], reference: Option<f64>) -> PlotResult {
-    // Room for the legend below the plot: one line per series.
-    let height = 480 + 18 * series.len() as u32;
-    let root = SVGBackend::with_string(svg, (820, height)).into_drawing_area();
+fn draw(svg: &mut String, figure: &Figure, panels: &[Panel]) -> PlotResult {
+    let cols = panels.len().clamp(1, 2);
+    let rows = panels.len().div_ceil(cols);
+    let size = (
+        PANEL_W * cols as u32,
+        TITLE_H + PANEL_H * rows as u32 + LEGEND_H,
+    );
+    let root = SVGBackend::with_string(svg, size).into_drawing_area();
     root.fill(&WHITE)?;
-    let (plot_area, legend_area) = root.split_vertically(480);
-    let mut ctx = ChartBuilder::on(&plot_area)
-        .caption(chart.title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(44)
-        .y_label_area_size(56)
-        .build_cartesian_2d(chart.x.0..chart.x.1, chart.y.0..chart.y.1)?;
+    let (title, rest) = root.split_vertically(TITLE_H);
+    let (grid, legend) = rest.split_vertically(PANEL_H * rows as u32);
+    title.titled(figure.title, ("sans-serif", 20))?;
+    for (panel, area) in panels.iter().zip(grid.split_evenly((rows, cols))) {
+        draw_panel(&area, figure, panel)?;
+    }
+    draw_legend(&legend, figure, panels)?;
+    root.present()?;
+    Ok(())
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    figure: &Figure,
+    panel: &Panel,
+) -> PlotResult
+where
+    DB::ErrorType: 'static,
+{
+    let mut ctx = ChartBuilder::on(area)
+        .caption(&panel.title, ("sans-serif", 15))
+        .margin(8)
+        .x_label_area_size(36)
+        .y_label_area_size(48)
+        .build_cartesian_2d(figure.x.0..figure.x.1, figure.y.0..figure.y.1)?;
     ctx.configure_mesh()
-        .x_desc(chart.x_desc)
-        .y_desc(chart.y_desc)
-        // Ticks every half step; only whole numbers (γ, positions) are labelled.
-        .x_labels(2 * (chart.x.1 - chart.x.0).ceil() as usize + 1)
+        .x_desc(figure.x_desc)
+        .y_desc(figure.y_desc)
+        .x_labels(2 * (figure.x.1 - figure.x.0).ceil() as usize + 1)
         .x_label_formatter(&|x| {
             if (x - x.round()).abs() < 1e-6 {
                 format!("{x:.0}")
@@ -212,54 +313,157 @@ fn draw(svg: &mut String, chart: &Chart, series: &[Series], reference: Option<f6
                 String::new()
             }
         })
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
         .draw()?;
-    if let Some(y) = reference {
-        ctx.draw_series(LineSeries::new(
-            [(chart.x.0, y), (chart.x.1, y)],
-            BLACK.mix(0.4),
-        ))?;
+    if let Some(y) = figure.reference {
+        let line = [(figure.x.0, y), (figure.x.1, y)];
+        ctx.draw_series(LineSeries::new(line, BLACK.mix(0.4)))?;
     }
-    for s in series {
-        let color = color_of(s.color);
+    for s in &panel.series {
+        let color = cache_color(s.caches[0]);
         let style = color.stroke_width(2);
+        let dx = match s.caches.as_slice() {
+            [CacheChoice::Staged] => -figure.jitter,
+            [CacheChoice::Slack] => figure.jitter,
+            _ => 0.0,
+        };
+        let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x + dx, y)).collect();
         if s.dashed {
-            ctx.draw_series(DashedLineSeries::new(s.points.clone(), 6, 4, style))?;
+            ctx.draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?;
         } else {
-            ctx.draw_series(LineSeries::new(s.points.clone(), style))?;
+            ctx.draw_series(LineSeries::new(points.clone(), style))?;
+            ctx.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         }
-        ctx.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-    }
-    // A legend drawn by hand below the chart, so it never covers data.
-    for (i, s) in series.iter().enumerate() {
-        let y = 6 + 18 * i as i32;
-        let color = color_of(s.color);
-        let line = [(70, y + 6), (100, y + 6)];
-        if s.dashed {
-            legend_area.draw(&DashedPathElement::new(line, 6, 4, color.stroke_width(2)))?;
-        } else {
-            legend_area.draw(&PathElement::new(line, color.stroke_width(2)))?;
+        let bars = points.iter().zip(&s.interval);
+        let bars = bars.filter_map(|(&(x, _), iv)| iv.map(|(lo, hi)| error_bar(x, lo, hi)));
+        for bar in bars.flatten() {
+            ctx.draw_series(std::iter::once(PathElement::new(
+                bar,
+                color.stroke_width(1),
+            )))?;
         }
-        legend_area.draw(&Text::new(s.name.clone(), (110, y), ("sans-serif", 13)))?;
     }
-    root.present()?;
+    if let Some(note) = merged_note(panel) {
+        // Just inside the top-left corner of the plotting area.
+        let at = (
+            figure.x.0 + 0.03 * (figure.x.1 - figure.x.0),
+            figure.y.1 - 0.02 * (figure.y.1 - figure.y.0),
+        );
+        ctx.plotting_area()
+            .draw(&Text::new(note, at, ("sans-serif", 12)))?;
+    }
     Ok(())
 }
 
-/// Tableau's ten distinct colours, cycled.
-fn color_of(i: usize) -> RGBAColor {
-    const COLORS: [(u8, u8, u8); 10] = [
-        (31, 119, 180),
-        (255, 127, 14),
-        (44, 160, 44),
-        (214, 39, 40),
-        (148, 103, 189),
-        (140, 86, 75),
-        (227, 119, 194),
-        (127, 127, 127),
-        (188, 189, 34),
-        (23, 190, 207),
-    ];
-    let (r, g, b) = COLORS[i % COLORS.len()];
-    RGBColor(r, g, b).to_rgba()
+/// "staged = slack: identical, drawn once" when series of the panel were merged.
+fn merged_note(panel: &Panel) -> Option<String> {
+    let merged = panel.series.iter().find(|s| s.caches.len() > 1)?;
+    Some(format!(
+        "{}: identical, drawn once",
+        caches_name(&merged.caches)
+    ))
+}
+
+/// The three strokes of a vertical error bar from `lo` to `hi` at `x`, with caps.
+fn error_bar(x: f64, lo: f64, hi: f64) -> [Vec<(f64, f64)>; 3] {
+    let cap = 0.08;
+    [
+        vec![(x, lo), (x, hi)],
+        vec![(x - cap, lo), (x + cap, lo)],
+        vec![(x - cap, hi), (x + cap, hi)],
+    ]
+}
+
+/// The shared legend: one colour per cache strategy present, what solid and dashed mean.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    figure: &Figure,
+    panels: &[Panel],
+) -> PlotResult
+where
+    DB::ErrorType: 'static,
+{
+    let mut caches: Vec<CacheChoice> = panels
+        .iter()
+        .flat_map(|p| &p.series)
+        .flat_map(|s| s.caches.iter().copied())
+        .collect();
+    caches.sort();
+    caches.dedup();
+    let mut x = 20;
+    for cache in caches {
+        let color = cache_color(cache);
+        area.draw(&PathElement::new(
+            [(x, 16), (x + 30, 16)],
+            color.stroke_width(3),
+        ))?;
+        area.draw(&Text::new(
+            format!("cache = {cache}"),
+            (x + 36, 9),
+            ("sans-serif", 13),
+        ))?;
+        x += 150;
+    }
+    let mut x = 20;
+    for &(name, dashed) in figure.line_key {
+        let line = [(x, 44), (x + 30, 44)];
+        let style = BLACK.stroke_width(2);
+        if dashed {
+            area.draw(&DashedPathElement::new(line, 6, 4, style))?;
+        } else {
+            area.draw(&PathElement::new(line, style))?;
+        }
+        area.draw(&Text::new(name, (x + 36, 37), ("sans-serif", 13)))?;
+        x += 290;
+    }
+    Ok(())
+}
+
+fn caches_name(caches: &[CacheChoice]) -> String {
+    let names: Vec<String> = caches.iter().map(|c| c.to_string()).collect();
+    names.join(" = ")
+}
+
+/// A fixed colour per cache strategy, the same in every plot.
+fn cache_color(cache: CacheChoice) -> RGBAColor {
+    match cache {
+        CacheChoice::Staged => RGBColor(31, 119, 180).to_rgba(),
+        CacheChoice::Slack => RGBColor(255, 127, 14).to_rgba(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(cache: CacheChoice, ys: &[f64], dashed: bool) -> Series {
+        Series {
+            caches: vec![cache],
+            points: ys.iter().enumerate().map(|(i, &y)| (i as f64, y)).collect(),
+            interval: Vec::new(),
+            dashed,
+        }
+    }
+
+    #[test]
+    fn coincident_series_are_drawn_once_naming_both() {
+        let merged = merge_coincident(vec![
+            line(CacheChoice::Staged, &[0.8, 0.6], false),
+            line(CacheChoice::Slack, &[0.8, 0.6], false),
+            line(CacheChoice::Slack, &[0.8, 0.6], true),
+        ]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].caches, [CacheChoice::Staged, CacheChoice::Slack]);
+        assert_eq!(caches_name(&merged[0].caches), "staged = slack");
+        assert!(merged[1].dashed);
+    }
+
+    #[test]
+    fn different_series_stay_apart() {
+        let merged = merge_coincident(vec![
+            line(CacheChoice::Staged, &[0.8, 0.6], false),
+            line(CacheChoice::Slack, &[0.8, 0.61], false),
+        ]);
+        assert_eq!(merged.len(), 2);
+    }
 }

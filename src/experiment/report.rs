@@ -3,7 +3,10 @@
 use serde::Serialize;
 
 use super::config::GammaChoice;
+use super::cost::CostModel;
+use super::paired::against_baseline;
 use super::runner::ResultRecord;
+use super::stats::median;
 use super::sweep::SweepPoint;
 
 /// The measurements of one sweep point over all prompts (sums, then ratios of sums).
@@ -15,8 +18,10 @@ pub struct PointSummary {
     pub label: String,
     /// The point's settings.
     pub settings: SweepPoint,
-    /// Prompts generated.
+    /// Generations run (prompts × repeats).
     pub prompts: usize,
+    /// Repeats of every prompt.
+    pub repeats: usize,
     /// New tokens, all prompts.
     pub new_tokens: usize,
     /// Target forwards, prefills included.
@@ -35,6 +40,10 @@ pub struct PointSummary {
     pub draft_s: f64,
     /// Target seconds after prefill.
     pub verify_s: f64,
+    /// Prefill seconds (target, and draft model where there is one): time to first token.
+    pub prefill_s: f64,
+    /// Seconds outside prefill, drafting and verification.
+    pub other_s: f64,
     /// α = accepted / proposed (None when nothing was proposed).
     pub alpha: Option<f64>,
     /// τ = (new tokens − prompts) / (target forwards − prompts): tokens per decode-phase
@@ -45,56 +54,88 @@ pub struct PointSummary {
     pub acceptance_at: Vec<f64>,
     /// Mean drafts proposed per step.
     pub mean_proposed: Option<f64>,
-    /// new tokens / wall seconds.
+    /// Median over repeats of (new tokens / wall seconds) of each repeat's prompts.
     pub tokens_per_s: f64,
-    /// tokens/s over the autoregressive point with the same sampling and cache.
+    /// Median over (repeat, prompt) pairs of tokens/s / tokens/s of the same prompt and
+    /// repeat at the autoregressive point with the same sampling and cache.
     pub speedup: Option<f64>,
+    /// 95% bootstrap interval of `speedup`: (low, high).
+    pub speedup_interval: Option<(f64, f64)>,
+    /// Paired (repeat, prompt) ratios behind `speedup`.
+    pub pairs: usize,
+    /// Like `speedup`, for the decode phase only (tokens after the first / (wall − prefill)).
+    pub decode_speedup: Option<f64>,
+    /// The time-accounting cost model (speculative points with a baseline).
+    pub cost: Option<CostModel>,
     /// c = seconds per draft forward / seconds per autoregressive target forward.
     pub cost_ratio: Option<f64>,
-    /// Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)).
+    /// Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)); assumes v = 1.
     pub predicted_speedup: Option<f64>,
 }
 
-fn ratio(num: f64, den: f64) -> Option<f64> {
+impl PointSummary {
+    /// A summary of `point` with nothing measured yet.
+    pub fn empty(index: usize, point: &SweepPoint) -> Self {
+        Self {
+            point: index,
+            label: point.label(),
+            settings: point.clone(),
+            prompts: 0,
+            repeats: 0,
+            new_tokens: 0,
+            target_forwards: 0,
+            draft_forwards: 0,
+            proposed: 0,
+            accepted: 0,
+            steps: 0,
+            wall_s: 0.0,
+            draft_s: 0.0,
+            verify_s: 0.0,
+            prefill_s: 0.0,
+            other_s: 0.0,
+            alpha: None,
+            tau: None,
+            acceptance_at: Vec::new(),
+            mean_proposed: None,
+            tokens_per_s: 0.0,
+            speedup: None,
+            speedup_interval: None,
+            pairs: 0,
+            decode_speedup: None,
+            cost: None,
+            cost_ratio: None,
+            predicted_speedup: None,
+        }
+    }
+}
+
+pub(crate) fn ratio(num: f64, den: f64) -> Option<f64> {
     (den > 0.0).then(|| num / den)
 }
 
-/// Sums the records of each point (in `points` order), then derives the ratios; speedups
-/// and predictions refer to the autoregressive point with the same sampling and cache.
+/// Sums the records of each point (in `points` order), then derives the ratios; speedups,
+/// costs and predictions refer to the autoregressive point with the same sampling and cache,
+/// paired by (repeat, prompt).
 pub fn summarize(points: &[SweepPoint], records: &[ResultRecord]) -> Vec<PointSummary> {
     let mut rows: Vec<PointSummary> = points
         .iter()
         .enumerate()
         .map(|(i, p)| sum_point(i, p, records.iter().filter(|r| r.point == i)))
         .collect();
-    let baselines: Vec<Option<(f64, f64)>> = rows
+    let bases: Vec<Option<usize>> = rows
         .iter()
         .map(|row| {
-            let base = rows
-                .iter()
-                .find(|b| b.settings.is_baseline_for(&row.settings))?;
-            // Seconds per decode-phase target forward (prefills excluded).
-            let per_forward = ratio(base.verify_s, (base.target_forwards - base.prompts) as f64);
-            Some((base.tokens_per_s, per_forward.unwrap_or(0.0)))
+            rows.iter()
+                .position(|b| b.settings.is_baseline_for(&row.settings))
         })
         .collect();
-    for (row, base) in rows.iter_mut().zip(baselines) {
-        let Some((base_tps, target_forward_s)) = base else {
-            continue;
-        };
-        row.speedup = ratio(row.tokens_per_s, base_tps);
-        if row.settings.gamma.is_none() {
-            continue;
+    for (i, base) in bases.into_iter().enumerate() {
+        let Some(base) = base else { continue };
+        let base_row = rows[base].clone();
+        against_baseline(&mut rows[i], &base_row, records);
+        if rows[i].settings.gamma.is_some() {
+            rows[i].predicted_speedup = predicted(&rows[i]);
         }
-        // Model drafters: seconds per draft forward. Model-free drafters run no forward:
-        // seconds per proposed token instead.
-        let draft_unit = if row.draft_forwards > 0 {
-            ratio(row.draft_s, row.draft_forwards as f64)
-        } else {
-            ratio(row.draft_s, row.proposed as f64)
-        };
-        row.cost_ratio = draft_unit.and_then(|d| ratio(d, target_forward_s));
-        row.predicted_speedup = predicted(row);
     }
     rows
 }
@@ -104,30 +145,10 @@ fn sum_point<'a>(
     point: &SweepPoint,
     records: impl Iterator<Item = &'a ResultRecord>,
 ) -> PointSummary {
-    let mut s = PointSummary {
-        point: index,
-        label: point.label(),
-        settings: point.clone(),
-        prompts: 0,
-        new_tokens: 0,
-        target_forwards: 0,
-        draft_forwards: 0,
-        proposed: 0,
-        accepted: 0,
-        steps: 0,
-        wall_s: 0.0,
-        draft_s: 0.0,
-        verify_s: 0.0,
-        alpha: None,
-        tau: None,
-        acceptance_at: Vec::new(),
-        mean_proposed: None,
-        tokens_per_s: 0.0,
-        speedup: None,
-        cost_ratio: None,
-        predicted_speedup: None,
-    };
+    let mut s = PointSummary::empty(index, point);
     let (mut acc_at, mut prop_at) = (Vec::<usize>::new(), Vec::<usize>::new());
+    // Per repeat: (new tokens, wall seconds).
+    let mut per_repeat: Vec<(usize, f64)> = Vec::new();
     for r in records {
         let g = &r.generation;
         s.prompts += 1;
@@ -140,9 +161,17 @@ fn sum_point<'a>(
         s.wall_s += g.wall_s;
         s.draft_s += g.draft_s;
         s.verify_s += g.verify_s;
+        s.prefill_s += g.prefill_s;
+        s.other_s += g.other_s();
         add_into(&mut acc_at, &g.accepted_at);
         add_into(&mut prop_at, &g.proposed_at);
+        if per_repeat.len() <= r.repeat {
+            per_repeat.resize(r.repeat + 1, (0, 0.0));
+        }
+        per_repeat[r.repeat].0 += r.new_tokens;
+        per_repeat[r.repeat].1 += g.wall_s;
     }
+    s.repeats = per_repeat.iter().filter(|(_, w)| *w > 0.0).count();
     s.alpha = ratio(s.accepted as f64, s.proposed as f64);
     s.tau = ratio(
         s.new_tokens.saturating_sub(s.prompts) as f64,
@@ -154,7 +183,11 @@ fn sum_point<'a>(
         .map(|(&a, &p)| ratio(a as f64, p as f64).unwrap_or(0.0))
         .collect();
     s.mean_proposed = ratio(s.proposed as f64, s.steps as f64);
-    s.tokens_per_s = ratio(s.new_tokens as f64, s.wall_s).unwrap_or(0.0);
+    let rates: Vec<f64> = per_repeat
+        .iter()
+        .filter_map(|&(n, w)| ratio(n as f64, w))
+        .collect();
+    s.tokens_per_s = median(&rates).unwrap_or(0.0);
     s
 }
 
@@ -200,16 +233,18 @@ fn positions(row: &PointSummary) -> String {
     }
 }
 
-/// The summary table in Markdown (also printed to stdout).
+/// The summary table in Markdown (also printed to stdout), followed by the flagged rows
+/// with their reasons.
 pub fn markdown_table(rows: &[PointSummary]) -> String {
     let mut out = String::from(
-        "| # | method | drafter | γ | sampling | α | τ | accept/position | tok/s | speedup | c | predicted |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| # | method | drafter | γ | sampling | α | τ | accept/position | tok/s | speedup [95%] | c | v | o | (a) Leviathan, v = 1 | (b) τ/(γc+v+o) | flag |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let p = &r.settings;
+        let cost = r.cost.as_ref();
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.point,
             p.method,
             p.drafter.as_deref().unwrap_or("—"),
@@ -219,12 +254,40 @@ pub fn markdown_table(rows: &[PointSummary]) -> String {
             opt(r.tau, 2),
             positions(r),
             r.tokens_per_s,
-            opt(r.speedup, 2),
+            speedup_cell(r),
             opt(r.cost_ratio, 3),
+            opt(cost.map(|c| c.v), 2),
+            opt(cost.map(|c| c.overhead), 2),
             opt(r.predicted_speedup, 2),
+            opt(cost.map(|c| c.predicted), 2),
+            if cost.is_some_and(|c| c.flag.is_some()) { "**flagged**" } else { "" },
         );
     }
+    let flagged: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(format!(
+                "* #{} `{}`: {}\n",
+                r.point,
+                r.label,
+                r.cost.as_ref()?.flag.as_ref()?
+            ))
+        })
+        .collect();
+    if !flagged.is_empty() {
+        out += "\nFlagged rows (measured speedup more than 10% from (b), or above τ / v):\n\n";
+        out += &flagged.concat();
+    }
     out
+}
+
+fn speedup_cell(r: &PointSummary) -> String {
+    match (r.speedup, r.speedup_interval) {
+        (Some(s), Some((lo, hi))) if r.settings.gamma.is_some() => {
+            format!("{s:.2} [{lo:.2}, {hi:.2}]")
+        }
+        (s, _) => opt(s, 2),
+    }
 }
 
 /// `summary.md`: a title, the definitions of every column, the table.
@@ -235,25 +298,36 @@ pub fn markdown(title: &str, context: &str, rows: &[PointSummary]) -> String {
     )
 }
 
-const DEFINITIONS: &str = "All quantities sum over the prompts of a point first, then divide.
+const DEFINITIONS: &str = "Counts and times sum over the generations of a point (every prompt, \
+every repeat) first, then divide; tok/s and speedup are medians.
 
 * **α** = drafts accepted / drafts proposed.
-* **τ** = (new tokens − prompts) / (target forwards − prompts): new tokens per target forward in \
-the decode phase. The prefill forward of each prompt (which yields the first new token) is left \
-out of both counts, so τ = 1 for autoregressive decoding and τ = mean accepted drafts + 1 for \
-speculative decoding (less where EOS or `max_new_tokens` cut a step short).
+* **τ** = (new tokens − generations) / (target forwards − generations): new tokens per target \
+forward in the decode phase. The prefill forward of each generation (which yields the first new \
+token) is left out of both counts, so τ = 1 for autoregressive decoding and τ = mean accepted \
+drafts + 1 for speculative decoding (less where EOS or `max_new_tokens` cut a step short).
 * **accept/position** — entry i: steps in which draft i was accepted / steps in which draft i \
 was proposed (acceptance of draft i implies acceptance of drafts 1..i−1).
-* **tok/s** = new tokens / wall seconds of the generations (prefill included).
-* **speedup** = tok/s / tok/s of the autoregressive point with the same sampling and cache, \
-measured in this run.
-* **c** = seconds per draft forward (`draft_s / draft_forwards`) / seconds per decode-phase \
-target forward of the matching autoregressive point (`verify_s / (target_forwards − prompts)`). \
-Model-free drafters run no forward: their c uses seconds per proposed draft token instead.
-* **predicted** = Leviathan et al. (2023), (1 − α^(γ+1)) / ((1 − α)(γc + 1)), from the measured α \
-and c, with the nominal γ (for adaptive γ, the mean number of drafts proposed per step). It \
-assumes every step proposes γ drafts; drafters that propose fewer (n-gram misses, a confidence \
-cut-off) fall short of it.
+* **tok/s** = new tokens / wall seconds of a repeat's generations (prefill included), the median \
+over repeats.
+* **speedup** = the median over (repeat, prompt) pairs of this point's tok/s / the tok/s of the \
+same prompt in the same repeat at the autoregressive point with the same sampling and cache; in \
+brackets its 95% percentile-bootstrap interval. With `order = \"interleaved\"` the two ran back \
+to back.
+* **c** = seconds per draft forward (`draft_s / (draft_forwards − generations)`: the draft's prompt \
+prefill is booked as prefill) / seconds per decode-phase target forward of the matching \
+autoregressive point, t = `verify_s / (target_forwards − generations)`. Model-free drafters run \
+no forward: their c uses seconds per proposed draft token instead.
+* **v** = seconds per verification step (one target forward over the γ + 1 tokens, acceptance \
+test and commit) / t. **o** = seconds per step outside prefill, drafting and verification \
+(engine overhead) / t.
+* **(a)** = Leviathan et al. (2023), (1 − α^(γ+1)) / ((1 − α)(γc + 1)), from the measured α and \
+c with the nominal γ (for adaptive γ, the mean drafts proposed per step). It assumes v = 1 and \
+that every step proposes γ drafts.
+* **(b)** = τ / (γc + v + o), with γc the drafting seconds per step / t (γ as actually drafted): \
+the decode phase's time accounting. It leaves out prefill, which speculation does not speed up. \
+A row is **flagged** when the measured speedup is more than 10% from (b) or above τ / v (the \
+speedup if drafting were free), with the likeliest reason.
 ";
 
 /// `summary.csv`: one row per point; `accept_pos_<i>` columns up to the longest draft.
@@ -266,7 +340,9 @@ pub fn csv(rows: &[PointSummary]) -> String {
     let mut header = String::from(
         "point,label,method,drafter,gamma,temperature,top_k,top_p,cache,prompts,new_tokens,\
          target_forwards,draft_forwards,proposed,accepted,steps,wall_s,draft_s,verify_s,alpha,tau,\
-         mean_proposed,tokens_per_s,speedup,cost_ratio,predicted_speedup",
+         mean_proposed,tokens_per_s,speedup,cost_ratio,predicted_speedup,repeats,pairs,\
+         speedup_low,speedup_high,decode_speedup,prefill_s,other_s,draft_per_step,v,overhead,\
+         overhead_share,predicted_time_accounting,tau_over_v,flag",
     );
     for i in 1..=width {
         header += &format!(",accept_pos_{i}");
@@ -304,6 +380,7 @@ pub fn csv(rows: &[PointSummary]) -> String {
             num(r.cost_ratio),
             num(r.predicted_speedup),
         );
+        out += &super::cost::csv_columns(r);
         for i in 0..width {
             out += ",";
             out += &r

@@ -9,8 +9,10 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokenizers::Tokenizer;
 
+use super::by_prompt::{prompt_markdown, prompt_rows};
 use super::chat::{encode_conversation, encode_prompt, ChatTemplate};
 use super::config::{DrafterKind, ExperimentConfig, TurnsChoice};
+use super::context::check_context;
 use super::conversation::Conversations;
 use super::dataset::load_prompts;
 use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
@@ -83,6 +85,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         false => None,
     };
     let (prompts, turns) = encode_prompts(config, &tokenizer, template.as_ref())?;
+    check_context(config, &prompts)?;
     let device = select_device(config.device)?;
     let load = load_options(device.clone(), config.dtype);
     let mut target = LoadedModel::load(&config.target.path, &load)?;
@@ -143,6 +146,10 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         &format!("{}\n{checks}", markdown(&title, &context, &summaries)),
     )?;
     write(&partial.join("summary.csv"), &csv(&summaries))?;
+    write(
+        &partial.join("by_prompt.md"),
+        &prompt_markdown(&prompt_rows(&points, &records)),
+    )?;
     write_plots(&partial.join("plots"), &summaries)?;
     let dir = dir.finish()?;
     Ok(RunOutcome {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{CacheChoice, ExperimentConfig, Method};
 use super::conversation::{prefix_store, Conversations, PointRun};
+use super::schedule::{schedule, turn_ends};
 use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
@@ -98,6 +99,12 @@ pub struct ResultRecord {
     pub new_tokens: usize,
     /// `new_tokens / wall_s`.
     pub tokens_per_s: f64,
+    /// Repeat of this generation, from 0 (see `repeats`).
+    #[serde(default)]
+    pub repeat: usize,
+    /// Position of this generation in the run's order, from 0 (see `order`).
+    #[serde(default)]
+    pub sequence: usize,
 }
 
 fn first_turn() -> usize {
@@ -124,6 +131,8 @@ impl ResultRecord {
             output_text: String::new(),
             new_tokens: 0,
             tokens_per_s: 0.0,
+            repeat: 0,
+            sequence: 0,
         }
     }
 
@@ -183,7 +192,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         Ok(())
     }
 
-    /// Runs `points` in order, every prompt each, and returns the records in that order.
+    /// Runs every prompt at every point, and returns the records in the order they ran (see
+    /// [`Session::run_with`]).
     pub fn run(
         &self,
         config: &ExperimentConfig,
@@ -194,7 +204,11 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     }
 
     /// [`Session::run`], with every turn of each prompt when `conversations` is given (one
-    /// record per turn, in turn order).
+    /// record per turn, in turn order). Every prompt runs at every point `config.repeats`
+    /// times, in `config.order` (see [`schedule`]). Within a turn of the schedule (see
+    /// [`turn_ends`]) each point keeps one sequence and drafter (reset per prompt, so buffers
+    /// grown by one generation are reused by the next); they are dropped at the turn's end,
+    /// so only one pairing group's caches are held at a time.
     pub fn run_with(
         &self,
         config: &ExperimentConfig,
@@ -204,27 +218,41 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     ) -> Result<Vec<ResultRecord>> {
         // Slack rings must roll back the largest block: a chain's drafts or a tree's nodes.
         let max_gamma = max_block(config);
-        let mut records = Vec::with_capacity(points.len() * self.prompts.len());
-        for (index, point) in points.iter().enumerate() {
-            observer.point_started(index, points.len(), point);
-            let strategy = rotating_strategy(point.cache, max_gamma);
-            let mut run = PointRun {
-                index,
-                point,
-                seq: self.sequence(config, point, strategy)?,
-                drafter: self.drafter(config, point, strategy)?,
-                params: GenParams {
-                    max_new_tokens: config.max_new_tokens,
-                    sampling: point.sampling(),
-                    gamma: point.gamma_policy(config.sweep.adaptive),
-                    stop_at_eos: config.stop_at_eos,
-                },
-            };
-            for prompt in 0..self.prompts.len() {
-                for record in self.generate_turns(config, &mut run, prompt, conversations)? {
-                    observer.record(&record)?;
-                    records.push(record);
-                }
+        let slots = schedule(points, self.prompts.len(), config.repeats, config.order);
+        let ends = turn_ends(&slots, points, config.order);
+        let mut runs: Vec<Option<PointRun<'_>>> = (0..points.len()).map(|_| None).collect();
+        let mut records = Vec::with_capacity(slots.len());
+        let mut previous = None;
+        for (i, slot) in slots.iter().enumerate() {
+            let point = &points[slot.point];
+            if previous != Some(slot.point) {
+                observer.point_started(slot.point, points.len(), point);
+                previous = Some(slot.point);
+            }
+            if runs[slot.point].is_none() {
+                let strategy = rotating_strategy(point.cache, max_gamma);
+                runs[slot.point] = Some(PointRun {
+                    index: slot.point,
+                    point,
+                    seq: self.sequence(config, point, strategy)?,
+                    drafter: self.drafter(config, point, strategy)?,
+                    params: GenParams {
+                        max_new_tokens: config.max_new_tokens,
+                        sampling: point.sampling(),
+                        gamma: point.gamma_policy(config.sweep.adaptive),
+                        stop_at_eos: config.stop_at_eos,
+                    },
+                });
+            }
+            let run = runs[slot.point].as_mut().expect("created above");
+            for mut record in self.generate_turns(config, run, slot.prompt, conversations)? {
+                record.repeat = slot.repeat;
+                record.sequence = records.len();
+                observer.record(&record)?;
+                records.push(record);
+            }
+            if ends[i] {
+                runs.iter_mut().for_each(|r| *r = None);
             }
         }
         Ok(records)

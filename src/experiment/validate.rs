@@ -21,6 +21,9 @@ impl ExperimentConfig {
         if self.max_new_tokens == 0 {
             problems.push("max_new_tokens = 0: must be >= 1".into());
         }
+        if self.repeats == 0 {
+            problems.push("repeats = 0: must be >= 1 (1 runs every generation once)".into());
+        }
         for (name, drafter) in &self.drafters {
             check_drafter(name, drafter, &mut problems);
         }

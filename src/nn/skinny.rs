@@ -18,16 +18,19 @@ use rayon::prelude::*;
 /// packing pays off there.
 pub const MAX_ROWS: usize = 16;
 
-/// The fewest rows it takes: for one row candle's gemv was measured faster (≈80 against
-/// ≈105 µs for the default target's `[1536, 256]` weight, cold, one thread).
-pub const MIN_ROWS: usize = 2;
+/// The fewest rows it takes. One-token decode steps use it too, so that a decode step and a
+/// verification run the same kernel and a decode step never costs more than verifying two
+/// tokens (with candle's gemv for one row it did: 0.62 against 0.57 ms on the default
+/// target, a baseline handicap that inflated measured speedups). Against candle's gemv alone,
+/// one thread, warm weights: within ±15% either way over the default pair's shapes.
+pub const MIN_ROWS: usize = 1;
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
 /// more than it saves.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
-/// `x: [t, in]` (t ≤ [`MAX_ROWS`]; one row works, [`applies`] leaves it to candle) times `w: [out, in]` transposed: `[t, out]`. Both f32 and
-/// contiguous on the CPU; the caller checks.
+/// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32
+/// and contiguous on the CPU; the caller checks.
 pub fn skinny_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     x.apply_op2_no_bwd(w, &SkinnyMatmul)
 }
@@ -80,6 +83,10 @@ impl CustomOp2 for SkinnyMatmul {
                 .for_each(|(yt, w)| rows(x, w, t, inp, yt));
         } else {
             rows(x, w, t, inp, &mut yt);
+        }
+        if t == 1 {
+            // One row: `[out, 1]` and `[1, out]` are the same memory.
+            return Ok((CpuStorage::F32(yt), Shape::from((t, out))));
         }
         let mut y = vec![0f32; t * out];
         for (j, col) in yt.chunks_exact(t.max(1)).enumerate() {
@@ -153,41 +160,65 @@ mod x86 {
         let mut i0 = 0;
         while i0 < t {
             let n = (t - i0).min(BLOCK);
-            // A block size known at compile time keeps the accumulators in registers.
+            // A block size known at compile time keeps the accumulators in registers. Blocks
+            // of one or two tokens split each dot product over several accumulators: one
+            // chain of dependent FMAs would wait on the FMA latency every step (a one-token
+            // decode ran ~20% slower than candle's gemv that way).
             match n {
-                1 => block::<1>(x, w_row, i0, y),
-                2 => block::<2>(x, w_row, i0, y),
-                3 => block::<3>(x, w_row, i0, y),
-                4 => block::<4>(x, w_row, i0, y),
-                5 => block::<5>(x, w_row, i0, y),
-                6 => block::<6>(x, w_row, i0, y),
-                7 => block::<7>(x, w_row, i0, y),
-                _ => block::<BLOCK>(x, w_row, i0, y),
+                1 => block::<1, 4>(x, w_row, i0, y),
+                2 => block::<2, 2>(x, w_row, i0, y),
+                3 => block::<3, 1>(x, w_row, i0, y),
+                4 => block::<4, 1>(x, w_row, i0, y),
+                5 => block::<5, 1>(x, w_row, i0, y),
+                6 => block::<6, 1>(x, w_row, i0, y),
+                7 => block::<7, 1>(x, w_row, i0, y),
+                _ => block::<BLOCK, 1>(x, w_row, i0, y),
             }
             i0 += n;
         }
     }
 
-    /// `y[i0 + b] = dot(x[i0 + b], w_row)` for `b < N`.
+    /// `y[i0 + b] = dot(x[i0 + b], w_row)` for `b < N`, each dot product over `U`
+    /// independent accumulators (`N · U` ≤ [`BLOCK`] keeps them in registers).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block<const N: usize>(x: &[f32], w_row: &[f32], i0: usize, y: &mut [f32]) {
+    unsafe fn block<const N: usize, const U: usize>(
+        x: &[f32],
+        w_row: &[f32],
+        i0: usize,
+        y: &mut [f32],
+    ) {
         let inp = w_row.len();
         let body = inp - inp % 8;
-        let mut acc = [_mm256_setzero_ps(); N];
+        let wide = inp - inp % (8 * U);
+        let mut acc = [[_mm256_setzero_ps(); U]; N];
         let (xp, wp) = (x.as_ptr().add(i0 * inp), w_row.as_ptr());
         let mut k = 0;
+        while k < wide {
+            for u in 0..U {
+                let wv = _mm256_loadu_ps(wp.add(k + 8 * u));
+                for (b, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(xp.add(b * inp + k + 8 * u));
+                    a[u] = _mm256_fmadd_ps(xv, wv, a[u]);
+                }
+            }
+            k += 8 * U;
+        }
         while k < body {
             let wv = _mm256_loadu_ps(wp.add(k));
             for (b, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(b * inp + k)), wv, *a);
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(b * inp + k)), wv, a[0]);
             }
             k += 8;
         }
         for (b, a) in acc.iter().enumerate() {
             let row = &x[(i0 + b) * inp..(i0 + b + 1) * inp];
             let tail: f32 = (body..inp).map(|k| row[k] * w_row[k]).sum();
-            y[i0 + b] = hsum(*a) + tail;
+            let mut sum = a[0];
+            for part in &a[1..] {
+                sum = _mm256_add_ps(sum, *part);
+            }
+            y[i0 + b] = hsum(sum) + tail;
         }
     }
 

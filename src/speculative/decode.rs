@@ -94,6 +94,19 @@ impl Output<'_> {
         }
         self.record.stop_reason.is_some()
     }
+
+    /// How many of `tokens` [`Output::push`] would take before the generation stops (all of
+    /// them when it does not stop).
+    fn takes(&self, tokens: &[u32]) -> usize {
+        let room = self.params.max_new_tokens - self.record.output_ids.len();
+        let eos = tokens
+            .iter()
+            .position(|t| self.params.stop_at_eos && self.eos.contains(t));
+        tokens
+            .len()
+            .min(room)
+            .min(eos.map_or(usize::MAX, |e| e + 1))
+    }
 }
 
 /// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
@@ -238,6 +251,12 @@ fn speculative_continue_with<M: LanguageModel>(
     let start = Instant::now();
     let draft_forwards = drafter.forwards();
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
+    // The drafter's own pass over the prompt is prefill too: time to first token.
+    let t_prefill = Instant::now();
+    drafter.prefill(prompt)?;
+    let draft_prefill_s = t_prefill.elapsed().as_secs_f64();
+    out.record.prefill_s += draft_prefill_s;
+    out.record.ttft_s += draft_prefill_s;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
@@ -258,7 +277,12 @@ fn speculative_continue_with<M: LanguageModel>(
         let logits = target.forward(&input, spec.cache())?;
         out.record.target_forwards += 1;
         let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
-        spec.commit(verdict.accepted + 1)?;
+        // The cache keeps the K/V of every token this step outputs but the last (whose K/V the
+        // next step computes): `accepted + 1`, fewer when an EOS among the accepted drafts
+        // ends the generation (the tokens after it are never output).
+        let mut step_tokens = drafts[..verdict.accepted].to_vec();
+        step_tokens.push(verdict.next);
+        spec.commit(out.takes(&step_tokens))?;
         out.record.verify_s += t_verify.elapsed().as_secs_f64();
 
         let t_finish = Instant::now();

@@ -35,6 +35,11 @@ pub trait Drafter {
     }
     /// Forgets per-sequence state before a new prompt.
     fn reset(&mut self) -> Result<()>;
+    /// Reads the prompt before the first proposal (after [`Drafter::reset`]), so that its
+    /// cost is booked as prefill (time to first token), not drafting. Default: nothing to read.
+    fn prefill(&mut self, _prompt: &[u32]) -> Result<()> {
+        Ok(())
+    }
     /// Proposes up to `max` tokens after `context` (every committed token, prompt included).
     fn propose<'a>(
         &'a mut self,
@@ -241,6 +246,17 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     fn reset(&mut self) -> Result<()> {
         self.seq.reset();
         self.forwards = 0;
+        Ok(())
+    }
+
+    /// Runs the draft model over the prompt (reusing what its cache and store hold, in
+    /// pieces: see [`CachedSequence::prefill`]); the first proposal then feeds only the
+    /// tokens committed after it.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        if !prompt.is_empty() {
+            let (_, stats) = self.seq.prefill(self.model.as_ref(), prompt)?;
+            self.forwards += stats.forwards;
+        }
         Ok(())
     }
 

@@ -30,7 +30,8 @@ pub struct GenerationRecord {
     pub target_forwards: usize,
     /// Draft-model forwards (0 for model-free drafters), prefill included.
     pub draft_forwards: usize,
-    /// Seconds in prefill of the target.
+    /// Seconds in prefill (time to first token): the target's, and the draft model's pass
+    /// over the prompt.
     pub prefill_s: f64,
     /// Seconds spent drafting (proposals and drafter commits).
     pub draft_s: f64,
