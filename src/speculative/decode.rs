@@ -167,6 +167,21 @@ pub fn autoregressive<M: LanguageModel>(
     })
 }
 
+/// The drafter's own pass over the prompt, booked as prefill (time to first token), not as
+/// drafting: chain and tree loops alike.
+pub(super) fn prefill_drafter(
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    record: &mut GenerationRecord,
+) -> Result<()> {
+    let start = Instant::now();
+    drafter.prefill(prompt)?;
+    let seconds = start.elapsed().as_secs_f64();
+    record.prefill_s += seconds;
+    record.ttft_s += seconds;
+    Ok(())
+}
+
 /// [`autoregressive`] continuing from what `seq` holds: only the part of `prompt` (the whole
 /// conversation so far) that the cache or the prefix store lacks is prefilled. Afterwards
 /// `seq` holds every committed token but the last.
@@ -251,12 +266,7 @@ fn speculative_continue_with<M: LanguageModel>(
     let start = Instant::now();
     let draft_forwards = drafter.forwards();
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
-    // The drafter's own pass over the prompt is prefill too: time to first token.
-    let t_prefill = Instant::now();
-    drafter.prefill(prompt)?;
-    let draft_prefill_s = t_prefill.elapsed().as_secs_f64();
-    out.record.prefill_s += draft_prefill_s;
-    out.record.ttft_s += draft_prefill_s;
+    prefill_drafter(drafter, prompt, &mut out.record)?;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();

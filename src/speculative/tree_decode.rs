@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use rand::rngs::StdRng;
 
-use super::decode::{fresh_sequence, prefill, GenParams};
+use super::decode::{fresh_sequence, prefill, prefill_drafter, GenParams};
 use super::drafter::Drafter;
 use super::metrics::GenerationRecord;
 use super::prefill::CachedSequence;
@@ -74,6 +74,7 @@ pub fn speculative_tree_continue<M: LanguageModel>(
     let start = Instant::now();
     let draft_forwards = drafter.forwards();
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
+    prefill_drafter(drafter, prompt, &mut out.record)?;
     let mut context = prompt.to_vec();
     context.push(first);
     let mut gamma = params.gamma.first();
