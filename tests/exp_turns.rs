@@ -108,6 +108,7 @@ fn tree_points_run_conversations_with_the_store_and_match_the_chain() {
         "dataset.limit=2",
         "dataset.turns=\"all\"",
         "max_new_tokens=20",
+        "repeats=1",
         "warmup=false",
         "sweep.drafter=\"small\"",
         "sweep.gamma=3",
