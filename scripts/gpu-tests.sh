@@ -17,7 +17,7 @@ export SPECDEC_TEST_DEVICE=${SPECDEC_TEST_DEVICE:-cuda}
 # often a host round trip on the GPU; 100 cases per property (1000 on the CPU) and a bounded
 # shrink keep the pass within minutes. Each binary gets at most $PER_BINARY_S seconds.
 export SPECDEC_TEST_CASES=${SPECDEC_TEST_CASES:-100} PROPTEST_MAX_SHRINK_ITERS=${PROPTEST_MAX_SHRINK_ITERS:-64}
-PER_BINARY_S=${PER_BINARY_S:-240}
+PER_BINARY_S=${PER_BINARY_S:-300}
 status=0
 {
   echo "# GPU test pass"
