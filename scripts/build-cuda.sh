@@ -108,7 +108,7 @@ for line in sys.stdin:
     if m["profile"]["test"]:
         # Test harnesses: the integration tests and the library unit tests (the harness of
         # the binary would share its name and holds no tests).
-        folder = {"test": "tests", "lib": "tests"}.get(kind)
+        folder = {"test": "tests", "lib": "tests", "bench": "benches"}.get(kind)
     else:
         folder = {"bin": "bin", "bench": "benches"}.get(kind)
     if folder:

@@ -9,6 +9,14 @@ use crate::error::Result;
 pub(crate) struct KvBuf {
     pub k: Tensor,
     pub v: Tensor,
+    /// Unique per allocation: work recorded against these buffers' addresses (a captured
+    /// CUDA graph) is valid while the id is unchanged.
+    pub id: u64,
+}
+
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Checks that `k` and `v` are rank-4 tensors of one shape and returns their sequence length.
@@ -30,7 +38,11 @@ impl KvBuf {
         let (b, h, _, d) = like.dims4()?;
         let k = Tensor::zeros((b, h, capacity, d), like.dtype(), like.device())?;
         let v = k.zeros_like()?;
-        Ok(Self { k, v })
+        Ok(Self {
+            k,
+            v,
+            id: next_id(),
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -76,6 +88,7 @@ impl KvBuf {
         Ok(Self {
             k: self.k.force_contiguous()?,
             v: self.v.force_contiguous()?,
+            id: next_id(),
         })
     }
 }

@@ -152,6 +152,28 @@ impl KvCache {
         })
     }
 
+    /// For a forward that writes its K/V itself (a replayed CUDA graph): makes room for `t`
+    /// more tokens and returns the whole buffers `[b, h, capacity, d]` with their allocation
+    /// id; the caller writes slots `[offset, offset + t)` and then calls [`Self::advance`].
+    /// `None` while the cache has no buffer yet or a token tree is open (the mask then needs
+    /// the cache's help).
+    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<(Tensor, Tensor, u64)>> {
+        if self.tree.is_some() {
+            return Ok(None);
+        }
+        let Some(buf) = &self.buf else {
+            return Ok(None);
+        };
+        let like = buf.k.clone();
+        self.ensure_capacity(&like, self.offset + t)?;
+        Ok(self.buf.as_ref().map(|b| (b.k.clone(), b.v.clone(), b.id)))
+    }
+
+    /// Counts `t` tokens written into the slots [`Self::reserve`] made room for.
+    pub(crate) fn advance(&mut self, t: usize) {
+        self.offset += t;
+    }
+
     fn ensure_capacity(&mut self, like: &Tensor, needed: usize) -> Result<()> {
         let capacity = needed.div_ceil(self.step) * self.step;
         match &self.buf {

@@ -101,6 +101,24 @@ impl Mask {
         Self::new(queries, KeyOrder::Linear { first: 0 }, len, 0, None)
     }
 
+    /// `Some(window)` when the keys are consecutive intact positions, the queries are the
+    /// newest of them and there is no tree or tail: query `i` of `t` over `len` keys then
+    /// sees key `j` iff `j <= len - t + i` (and `j > len - t + i - window`), which a kernel
+    /// can apply from indices alone. `None` for anything else (rings, staged tails, trees,
+    /// stale keys).
+    pub fn causal_suffix(&self) -> Option<Option<usize>> {
+        match (self.keys, &self.tail, &self.tree) {
+            (KeyOrder::Linear { first }, None, None)
+                if self.held_lo <= first
+                    && self.q_end == first + self.len
+                    && self.q_start < self.q_end =>
+            {
+                Some(self.window)
+            }
+            _ => None,
+        }
+    }
+
     /// `[q_len, kv_len]` (tail included).
     pub fn shape(&self) -> (usize, usize) {
         let tail = self.tail.map_or(0, |(_, n)| n);

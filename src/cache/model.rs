@@ -277,6 +277,40 @@ impl ModelCache {
             .ok_or_else(|| CacheError::BadInput(format!("layer {i} of {n}")).into())
     }
 
+    /// For a forward that writes K/V itself (a replayed CUDA graph): when every layer is an
+    /// unbounded KV cache with a buffer and no tree is open, makes room for `t` more tokens
+    /// and returns each layer's whole buffers `[b, h, capacity, d]` and allocation id; the
+    /// forward writes slots `[offset, offset + t)` and the caller then calls
+    /// [`Self::advance`]. `None` otherwise (the forward takes the ordinary path).
+    pub fn reserve_in_place(&mut self, t: usize) -> Result<Option<Vec<(Tensor, Tensor, u64)>>> {
+        if self.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
+        if !self.layers.iter().all(|l| matches!(l, LayerCache::Kv(_))) {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(self.layers.len());
+        for layer in &mut self.layers {
+            let LayerCache::Kv(c) = layer else {
+                return Ok(None);
+            };
+            match c.reserve(t)? {
+                Some(bufs) => out.push(bufs),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made.
+    pub fn advance(&mut self, t: usize) {
+        for layer in &mut self.layers {
+            if let LayerCache::Kv(c) = layer {
+                c.advance(t);
+            }
+        }
+    }
+
     /// Bytes held by all layers.
     pub fn allocated_bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::allocated_bytes).sum()

@@ -21,12 +21,12 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     };
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Cuda => Device::new_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
+        DeviceChoice::Cuda => crate::nn::open_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
         DeviceChoice::Metal => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
         // `*_is_available` only says the backend was compiled in; a build with CUDA on a
         // machine without a GPU falls back to the CPU.
         DeviceChoice::Auto => Ok(candle_core::utils::cuda_is_available()
-            .then(|| Device::new_cuda(0).ok())
+            .then(|| crate::nn::open_cuda(0).ok())
             .flatten()
             .or_else(|| {
                 candle_core::utils::metal_is_available()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use super::{Linear, RmsNorm, Rope};
+use super::{fused, profile, Linear, RmsNorm, Rope};
 use crate::cache::{Attend, LayerCache};
 use crate::error::{Error, Result};
 
@@ -77,6 +77,12 @@ impl Attention {
         })
     }
 
+    /// This layer's whole RoPE tables, covering at least `positions` (see [`Rope::table`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rope_table(&self, positions: usize) -> Result<(Tensor, Tensor)> {
+        self.rope.table(positions)
+    }
+
     /// Parameters held.
     pub fn param_count(&self) -> usize {
         let norms = self
@@ -89,20 +95,8 @@ impl Attention {
     /// `x: [t, hidden]` at positions `[offset, offset + t)`; appends this layer's K/V to
     /// `cache` and returns `[t, hidden]`.
     pub fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        let HeadShape {
-            num_heads: h,
-            num_kv_heads: kv,
-            head_dim: d,
-        } = self.shape;
         let t = x.dim(0)?;
-        let qkv = self.qkv.forward(x)?;
-        let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
-        let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
-        let v = qkv.narrow(1, (h + kv) * d, kv * d)?.reshape((t, kv, d))?;
-        let (q, k) = match &self.qk_norm {
-            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
-            None => (q, k),
-        };
+        let (q, k, v) = self.project(x)?;
         // [t, heads, d] -> [1, heads, t, d]
         let heads_first =
             |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
@@ -115,21 +109,184 @@ impl Attention {
         // Contiguous like q and k: a cache may hand the new block back as it came (a prefill
         // into an empty rotating cache), and CUDA's matmul refuses a head-strided operand.
         let v = heads_first(v)?;
+        profile::mark("q/k norm, rope, layout", &k)?;
         let attend = cache.append(&k, &v)?;
-        let mask = attend.mask_tensor()?;
-        let out = self.attend(&q, &attend, mask.as_ref())?;
-        // [1, heads, t, d] -> [t, heads * d]
-        let out = out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?;
+        profile::mark("cache write", &attend.k)?;
+        let out = self.attention(&q, &attend)?; // [t, heads * d]
+        profile::mark("attention", &out)?;
+        let out = self.o.forward(&out)?;
+        profile::mark("output projection", &out)?;
+        Ok(out)
+    }
+
+    /// `x: [t, hidden]` -> `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (views of one
+    /// fused product; q/k norms applied when the model has them).
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = self.shape;
+        let t = x.dim(0)?;
+        let qkv = self.qkv.forward(x)?;
+        profile::mark("qkv projection", &qkv)?;
+        let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
+        let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
+        let v = qkv.narrow(1, (h + kv) * d, kv * d)?.reshape((t, kv, d))?;
+        Ok(match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?, v),
+            None => (q, k, v),
+        })
+    }
+
+    /// The forward of a replayable CUDA graph step: like [`Self::forward`] for the `t`
+    /// newest positions of a full-attention layer, but the position comes from the device
+    /// (`len: [1]` u32, the cache length after the step) and the K/V are written straight
+    /// into the cache buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room
+    /// and does the cache's bookkeeping).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn forward_in_place(
+        &self,
+        x: &Tensor,
+        k_buf: &Tensor,
+        v_buf: &Tensor,
+        len: &Tensor,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.project(x)?;
+        let capacity = k_buf.dim(2)?;
+        let (cos, sin) = self.rope.table(capacity)?;
+        let op = super::cuda::RopeStore {
+            cos,
+            sin,
+            k_cache: k_buf.clone(),
+            v_cache: v_buf.clone(),
+            len: len.clone(),
+        };
+        let q = q.apply_op3_no_bwd(&k, &v, &op)?; // [1, heads, t, d]
+        let op = super::cuda::SplitAttention {
+            window: None,
+            softcap: self.softcap,
+            len: Some((len.clone(), capacity)),
+        };
+        let out = q.apply_op3_no_bwd(k_buf, v_buf, &op)?; // [t, heads * d]
         self.o.forward(&out)
     }
 
-    /// Softmax attention of `q: [1, h, t, d]` over `attend`'s `k`, `v: [1, kv, L, d]` (possibly
-    /// strided views) and its tail `[1, kv, L', d]`, with an additive `mask: [t, L + L']`.
+    /// Attention of `q: [1, h, t, d]` over what the cache returned, as `[t, h * d]`.
+    ///
+    /// The path depends on the rows and the mask: on CUDA, up to [`SPLIT_MAX_ROWS`] queries
+    /// that are the newest positions of a plain causal (or sliding) run of keys take the
+    /// split kernel, which reads the cache in place; longer such blocks (prefills) go
+    /// through [`Self::attend_chunked`]; everything else (trees, rings, staged tails) through
+    /// [`Self::attend`] with the mask the cache describes.
+    fn attention(&self, q: &Tensor, attend: &Attend) -> Result<Tensor> {
+        let (h, d) = (self.shape.num_heads, self.shape.head_dim);
+        let t = q.dim(2)?;
+        let suffix = match attend.tail {
+            None => attend.mask.causal_suffix(),
+            Some(_) => None,
+        };
+        let out = match suffix {
+            Some(window) if t <= SPLIT_MAX_ROWS => {
+                match fused::split_attention(q, &attend.k, &attend.v, window, self.softcap)? {
+                    Some(out) => return Ok(out),
+                    None => self.attend(
+                        q,
+                        &attend.k,
+                        &attend.v,
+                        None,
+                        attend.mask_tensor()?.as_ref(),
+                    )?,
+                }
+            }
+            Some(window) if t > PREFILL_CHUNK => {
+                self.attend_chunked(q, &attend.k, &attend.v, window)?
+            }
+            _ => self.attend(
+                q,
+                &attend.k,
+                &attend.v,
+                attend.tail.as_ref(),
+                attend.mask_tensor()?.as_ref(),
+            )?,
+        };
+        // [1, heads, t, d] -> [t, heads * d]
+        Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?)
+    }
+
+    /// Attention of a long block of queries (a prefill) that are the newest positions of the
+    /// keys `k`, `v: [1, kv, L, d]` (causal, optionally within a sliding `window`), in chunks
+    /// of [`PREFILL_CHUNK`] queries: each chunk multiplies only against the keys it can see
+    /// and builds its `[chunk, keys]` mask on the device, so neither `[t, L]` scores per head
+    /// nor a host-built mask ever exist. Returns `[1, h, t, d]`.
+    fn attend_chunked(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let t = q.dim(2)?;
+        let len = k.dim(2)?;
+        // Key index of query 0 (the queries are the last t keys).
+        let q0 = len - t;
+        let mut outs = Vec::with_capacity(t.div_ceil(PREFILL_CHUNK));
+        for start in (0..t).step_by(PREFILL_CHUNK) {
+            let rows = PREFILL_CHUNK.min(t - start);
+            let first = q0 + start; // key index of the chunk's first query
+            let key_lo = window.map_or(0, |w| (first + 1).saturating_sub(w));
+            let key_hi = first + rows;
+            let keys = key_hi - key_lo;
+            let qc = q.narrow(2, start, rows)?.contiguous()?;
+            let kc = k.narrow(2, key_lo, keys)?;
+            let vc = v.narrow(2, key_lo, keys)?;
+            // Query r sits at key index (first - key_lo) + r of the narrowed keys.
+            outs.push(self.attend_causal(&qc, &kc, &vc, first - key_lo, window)?);
+        }
+        let outs: Vec<&Tensor> = outs.iter().collect();
+        Ok(Tensor::cat(&outs, 2)?)
+    }
+
+    /// Attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` where query `r` sits at key
+    /// index `first + r` (causal, optionally within `window`): the fused causal softmax where
+    /// the device has one, else [`Self::attend`] with a mask built on the device.
+    fn attend_causal(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        first: usize,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = self.shape;
+        let t = q.dim(2)?;
+        if fused::has_kernels(q.device()) {
+            let scores = q.reshape((1, kv, (h / kv) * t, d))?.matmul(&k.t()?)?;
+            fused::causal_softmax_in_place(&scores, t, first, window, self.softcap)?;
+            return Ok(scores.matmul(v)?.reshape((1, h, t, d))?);
+        }
+        let mask = causal_mask(first, t, k.dim(2)?, window, q.device())?;
+        self.attend(q, k, v, None, mask.as_ref())
+    }
+
+    /// Softmax attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` (possibly
+    /// strided views) and a `tail` `[1, kv, L', d]`, with an additive `mask: [t, L + L']`.
     /// Grouped heads share K/V without copying them: the `h / kv` query heads of a group are
     /// stacked as rows of one `[g * t, d]` matrix. A tail gets its own score and value
     /// products (joined along the key axis only for the softmax), so it is never copied
-    /// together with `k`/`v`.
-    fn attend(&self, q: &Tensor, attend: &Attend, mask: Option<&Tensor>) -> Result<Tensor> {
+    /// together with `k`/`v`. Returns `[1, h, t, d]`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        tail: Option<&(Tensor, Tensor)>,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let HeadShape {
             num_heads: h,
             num_kv_heads: kv,
@@ -138,9 +295,9 @@ impl Attention {
         let t = q.dim(2)?;
         let g = h / kv;
         let q = q.reshape((1, kv, g * t, d))?;
-        let head_len = attend.k.dim(2)?;
-        let mut scores = q.matmul(&attend.k.t()?)?; // [1, kv, g t, L]
-        if let Some((tk, _)) = &attend.tail {
+        let head_len = k.dim(2)?;
+        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g t, L]
+        if let Some((tk, _)) = tail {
             scores = Tensor::cat(&[&scores, &q.matmul(&tk.t()?)?], 3)?;
         }
         let len = scores.dim(3)?;
@@ -159,14 +316,55 @@ impl Attention {
             }
         };
         let probs = probs.reshape((1, kv, g * t, len))?;
-        let out = match &attend.tail {
-            None => probs.matmul(&attend.v)?, // [1, kv, g t, d]
+        let out = match tail {
+            None => probs.matmul(v)?, // [1, kv, g t, d]
             Some((_, tv)) => {
                 let head = probs.narrow(3, 0, head_len)?.contiguous()?;
                 let tail = probs.narrow(3, head_len, len - head_len)?.contiguous()?;
-                (head.matmul(&attend.v)? + tail.matmul(tv)?)?
+                (head.matmul(v)? + tail.matmul(tv)?)?
             }
         };
         Ok(out.reshape((1, h, t, d))?)
     }
+}
+
+/// Most queries the split attention kernel takes (decode steps, verification blocks, trees
+/// take the masked path anyway); longer blocks are prefills.
+pub const SPLIT_MAX_ROWS: usize = 32;
+
+/// Queries per chunk of a long block's attention: bounds the scores in memory at
+/// `heads * PREFILL_CHUNK * keys` (f32: 1 GiB for 32 heads over 8k keys).
+pub const PREFILL_CHUNK: usize = 1024;
+
+/// The additive causal mask `[rows, keys]` built on `device` (no host-side `O(rows × keys)`
+/// work): row `r` is the query at key index `first + r` and sees key `j` iff `j <= first + r`
+/// and, with a `window`, `j > first + r - window`. `None` when nothing is hidden.
+fn causal_mask(
+    first: usize,
+    rows: usize,
+    keys: usize,
+    window: Option<usize>,
+    device: &candle_core::Device,
+) -> Result<Option<Tensor>> {
+    // Every row but the last ends before the last key.
+    let hides_future = rows > 1;
+    let hides_past = window.is_some_and(|w| first + rows > w);
+    if !hides_future && !hides_past {
+        return Ok(None);
+    }
+    // Positions are exact in f32 below 2^24.
+    let row = Tensor::arange(first as u32, (first + rows) as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((rows, 1))?;
+    let col = Tensor::arange(0u32, keys as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((1, keys))?;
+    let behind = row.broadcast_sub(&col)?; // query position - key position
+    let mut visible = behind.ge(0f64)?.to_dtype(DType::F32)?;
+    if let Some(w) = window {
+        visible = (visible * behind.lt(w as f64)?.to_dtype(DType::F32)?)?;
+    }
+    // Hidden keys get -1e30, not -inf: exact zeros after the softmax, and no inf - inf
+    // anywhere (a bf16 or f16 mask rounds it to -inf or a large negative value alike).
+    Ok(Some(visible.affine(1e30, -1e30)?))
 }

@@ -1,7 +1,7 @@
 //! Gated feed-forward block: `down(act(gate(x)) * up(x))`.
 use candle_core::Tensor;
 
-use super::Linear;
+use super::{profile, Linear};
 use crate::error::{Error, Result};
 
 /// The gate activation.
@@ -69,9 +69,14 @@ impl GatedMlp {
     /// `x: [t, hidden]` -> `[t, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate_up = self.gate_up.forward(x)?;
+        profile::mark("gate/up projection", &gate_up)?;
         let gate = gate_up.narrow(1, 0, self.intermediate)?;
         let up = gate_up.narrow(1, self.intermediate, self.intermediate)?;
-        self.down.forward(&(self.act.apply(&gate)? * up)?)
+        let h = (self.act.apply(&gate)? * up)?;
+        profile::mark("activation", &h)?;
+        let out = self.down.forward(&h)?;
+        profile::mark("down projection", &out)?;
+        Ok(out)
     }
 
     /// Parameters held.

@@ -5,15 +5,22 @@
 //! `[1, heads, tokens, head_dim]` as the cache layer stores K/V.
 
 mod attention;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_graph;
+mod fused;
 mod linear;
 mod mlp;
+pub mod profile;
 mod rope;
 mod skinny;
 mod threads;
 mod transformer;
 mod weights;
 
-pub use attention::{Attention, AttentionParts, HeadShape};
+pub use attention::{Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS};
+pub use fused::{graphs_enabled, open_cuda, set_cuda_graphs};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};

@@ -73,27 +73,27 @@ impl Rope {
 
     /// `(cos, sin)` rows for positions `[offset, offset + len)`, `[len, head_dim / 2]`.
     fn rows(&self, offset: usize, len: usize) -> Result<(Tensor, Tensor)> {
-        let end = offset + len;
+        let (cos, sin) = self.table(offset + len)?;
+        Ok((cos.narrow(0, offset, len)?, sin.narrow(0, offset, len)?))
+    }
+
+    /// The whole `(cos, sin)` tables `[P, head_dim / 2]`, `P >= positions` (grown, to a power
+    /// of two, when shorter). The same tensors until a later call grows them.
+    pub fn table(&self, positions: usize) -> Result<(Tensor, Tensor)> {
         let poisoned = || Error::invalid("rope table lock poisoned by a panic");
         {
             let table = self.table.read().map_err(|_| poisoned())?;
-            if table.0.dim(0)? >= end {
-                return Ok((
-                    table.0.narrow(0, offset, len)?,
-                    table.1.narrow(0, offset, len)?,
-                ));
+            if table.0.dim(0)? >= positions {
+                return Ok(table.clone());
             }
         }
         let mut table = self.table.write().map_err(|_| poisoned())?;
         let have = table.0.dim(0)?;
-        if have < end {
-            let positions = end.next_power_of_two().max(2 * have);
-            *table = build_table(&self.inv_freq, positions, self.dtype, &self.device)?;
+        if have < positions {
+            let grown = positions.next_power_of_two().max(2 * have);
+            *table = build_table(&self.inv_freq, grown, self.dtype, &self.device)?;
         }
-        Ok((
-            table.0.narrow(0, offset, len)?,
-            table.1.narrow(0, offset, len)?,
-        ))
+        Ok(table.clone())
     }
 
     /// Rotates `q: [1, heads, t, d]` and `k: [1, kv_heads, t, d]` for positions

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use super::{
-    Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm, Rope, RopeSpec,
-    Weights,
+    profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm, Rope,
+    RopeSpec, Weights,
 };
 use crate::cache::{
     KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP,
@@ -99,14 +99,27 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        let h = self
-            .attn
-            .forward(&self.attn_norm.forward(x)?, offset, cache)?;
+        self.forward_with(x, |attn, normed| attn.forward(normed, offset, cache))
+    }
+
+    /// The block around an attention call `attend(attention, normed input)`.
+    fn forward_with(
+        &self,
+        x: &Tensor,
+        attend: impl FnOnce(&Attention, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let normed = self.attn_norm.forward(x)?;
+        profile::mark("norms, residual adds", &normed)?;
+        let h = attend(&self.attn, &normed)?;
         let h = post_norm(&self.attn_post_norm, h)?;
         let x = (x + h)?;
-        let h = self.mlp.forward(&self.mlp_norm.forward(&x)?)?;
+        let normed = self.mlp_norm.forward(&x)?;
+        profile::mark("norms, residual adds", &normed)?;
+        let h = self.mlp.forward(&normed)?;
         let h = post_norm(&self.mlp_post_norm, h)?;
-        Ok((x + h)?)
+        let x = (x + h)?;
+        profile::mark("norms, residual adds", &x)?;
+        Ok(x)
     }
 
     fn param_count(&self) -> usize {
@@ -141,6 +154,9 @@ pub struct Decoder {
     kinds: Vec<LayerKind>,
     vocab_size: usize,
     param_count: usize,
+    /// Recorded decode steps (CUDA only).
+    #[cfg(feature = "cuda")]
+    graphs: super::cuda_graph::Graphs,
 }
 
 /// Loads the tensors of one model according to a spec.
@@ -360,6 +376,8 @@ impl Decoder {
             kinds: spec.layers.clone(),
             vocab_size: vocab,
             param_count,
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
         })
     }
 
@@ -416,23 +434,74 @@ impl Decoder {
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(logits) = self.forward_graphed(tokens, cache)? {
+            return Ok(logits);
+        }
         let offset = cache.offset();
+        profile::start(&self.embed)?;
         let ids = Tensor::new(tokens, self.embed.device())?;
         let mut x = self.embed.index_select(&ids, 0)?; // [t, hidden]
         if let Some(scale) = self.embed_scale {
             x = (x * scale)?;
         }
+        profile::mark("embedding", &x)?;
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, offset, cache.layer_mut(i)?)?;
         }
         if last {
             x = x.narrow(0, tokens.len() - 1, 1)?;
         }
-        let mut logits = self.lm_head.forward(&self.norm.forward(&x)?)?;
+        self.head(&x)
+    }
+
+    /// Final norm, LM head, softcap: `[t, hidden]` -> f32 logits `[t, vocab]`.
+    fn head(&self, x: &Tensor) -> Result<Tensor> {
+        let mut logits = self.lm_head.forward(&self.norm.forward(x)?)?;
         if let Some(cap) = self.final_softcap {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
-        Ok(logits.to_dtype(DType::F32)?)
+        let logits = logits.to_dtype(DType::F32)?;
+        profile::mark("final norm, LM head", &logits)?;
+        Ok(logits)
+    }
+
+    /// A one-token step as a replayed CUDA graph (recorded on first use for the cache's
+    /// buffers), when graphs are on, the model runs on CUDA and every layer is a full-
+    /// attention KV cache with room reserved in place; `None` sends the caller down the
+    /// ordinary path. The cache advances by the step on success.
+    #[cfg(feature = "cuda")]
+    fn forward_graphed(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Option<Tensor>> {
+        let candle_core::Device::Cuda(dev) = self.embed.device() else {
+            return Ok(None);
+        };
+        if tokens.len() != 1 || !super::fused::graphs_enabled() {
+            return Ok(None);
+        }
+        let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
+            return Ok(None);
+        };
+        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        for block in &self.blocks {
+            let (cos, _) = block.attn.rope_table(bufs[0].0.dim(2)?)?;
+            key.push(cos.dim(0)? as u64);
+        }
+        let len = (cache.offset() + tokens.len()) as u32;
+        let logits = self.graphs.run(dev, key, tokens, len, |ids, len| {
+            let mut x = self.embed.index_select(ids, 0)?;
+            if let Some(scale) = self.embed_scale {
+                x = (x * scale)?;
+            }
+            for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
+                x = block
+                    .forward_with(&x, |attn, normed| attn.forward_in_place(normed, k, v, len))?;
+            }
+            self.head(&x)
+        })?;
+        if logits.is_some() {
+            cache.advance(tokens.len());
+        }
+        Ok(logits)
     }
 
     /// Refuses empty input, out-of-vocabulary ids and caches built for another layout.

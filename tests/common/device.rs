@@ -25,7 +25,7 @@ fn open() -> Device {
     };
     match kind.as_str() {
         "cpu" => Device::Cpu,
-        "cuda" => Device::new_cuda(ordinal)
+        "cuda" => specdec::nn::open_cuda(ordinal)
             .unwrap_or_else(|e| panic!("SPECDEC_TEST_DEVICE={spec}: no CUDA device: {e}")),
         "metal" => Device::new_metal(ordinal)
             .unwrap_or_else(|e| panic!("SPECDEC_TEST_DEVICE={spec}: no Metal device: {e}")),

@@ -1,0 +1,310 @@
+//! Where decode time goes, on the device a researcher decodes on (written for the GPU; runs on
+//! any device). For each model (`SPECDEC_BENCH_MODEL`, comma-separated directories; default
+//! the shipped target and draft), on `SPECDEC_BENCH_DEVICE` (`cuda` when built with it, else
+//! `cpu`) in `SPECDEC_BENCH_DTYPE` (`auto`, `f32`, `bf16`, `f16`):
+//!
+//! 1. **Bandwidth**: a device-to-device copy of 1 GiB, median of 9 (read + write bytes / s):
+//!    the memory bound of a decode step is the weight bytes at this rate.
+//! 2. **Context table**: after a prompt of each length (`SPECDEC_BENCH_CONTEXTS`, default
+//!    128, 1,024, 4,096 and 8,000, cut at the model's context), the prompt's prefill time and
+//!    `SPECDEC_BENCH_ROUNDS` (default 16) interleaved rounds of 4 decode steps and one
+//!    verification forward of 5 tokens (γ = 4, inside a speculation that rolls back). Every
+//!    forward ends with the argmax of its logits read back to the host — the one device →
+//!    host synchronisation a decode step needs — so times are completed work, not queued
+//!    work. Also given: the host time until the decode forward returns (enqueue), which is
+//!    all of the step when the host, not the device, is the bottleneck.
+//! 3. **Stages**: one decode step after 128 tokens, `PROFILE_STEPS` times, with the device
+//!    synchronised at every stage boundary (`specdec::nn::profile`): per-stage ms per token,
+//!    summed over layers. The synchronisations cost time of their own, so the stages add up
+//!    to more than a step; they show which stages are slow, not the overlapped total.
+//!
+//! `SPECDEC_BENCH_JSON=path` also writes everything as JSON. `SPECDEC_BENCH_KERNELS=n` does
+//! only a prefill of 128 tokens and `n` decode steps of the first model (each ending in one
+//! argmax read back), for a kernel profiler to count and time the launches of a step.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor, D};
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::experiment::context_limit;
+use specdec::models::{DTypeChoice, LoadOptions, Model};
+
+const DECODES_PER_ROUND: usize = 4;
+const VERIFY: usize = 5;
+const PROFILE_STEPS: usize = 8;
+
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn device() -> Device {
+    let want = std::env::var("SPECDEC_BENCH_DEVICE").unwrap_or_else(|_| {
+        if candle_core::utils::cuda_is_available() {
+            "cuda".into()
+        } else {
+            "cpu".into()
+        }
+    });
+    match want.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => specdec::nn::open_cuda(0).unwrap_or_else(|e| panic!("no CUDA device: {e}")),
+        "metal" => Device::new_metal(0).unwrap_or_else(|e| panic!("no Metal device: {e}")),
+        other => panic!("SPECDEC_BENCH_DEVICE={other}: expected cpu, cuda or metal"),
+    }
+}
+
+fn dtype() -> DTypeChoice {
+    let name = std::env::var("SPECDEC_BENCH_DTYPE").unwrap_or_else(|_| "auto".into());
+    name.parse()
+        .unwrap_or_else(|e| panic!("SPECDEC_BENCH_DTYPE={name}: {e}"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
+}
+
+/// Read + write bytes per second of a 1 GiB device-to-device copy (median of 9).
+fn copy_bandwidth(device: &Device) -> f64 {
+    let n = 1usize << 28; // f32 elements: 1 GiB
+    let a = Tensor::zeros(n, DType::F32, device).expect("alloc");
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        device.synchronize().expect("sync");
+        let start = Instant::now();
+        let b = a.copy().expect("copy");
+        device.synchronize().expect("sync");
+        times.push(start.elapsed().as_secs_f64());
+        drop(b);
+    }
+    2.0 * (n * 4) as f64 / median(times[1..].to_vec())
+}
+
+fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 37 + seed * 101 + 11) % vocab) as u32)
+        .collect()
+}
+
+/// The argmax of the last row, read back: completes the forward.
+fn finish(logits: &Tensor) -> u32 {
+    let row = logits.get(logits.dim(0).expect("rows") - 1).expect("row");
+    row.argmax(D::Minus1)
+        .expect("argmax")
+        .to_scalar::<u32>()
+        .expect("read back")
+}
+
+struct ContextRow {
+    context: usize,
+    prefill_s: f64,
+    decode_ms: f64,
+    enqueue_ms: f64,
+    verify_ms: f64,
+    verify_ratio: f64,
+}
+
+fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
+    let vocab = model.info().vocab_size;
+    let prompt = tokens(context, vocab, 0);
+    // Warm-up: kernels loaded, buffers of this size allocated once.
+    let mut cache = new_cache(model);
+    finish(&model.forward_last(&prompt, &mut cache).expect("prefill"));
+    let mut cache = new_cache(model);
+    model.device().synchronize().expect("sync");
+    let start = Instant::now();
+    let mut next = finish(&model.forward_last(&prompt, &mut cache).expect("prefill"));
+    let prefill_s = start.elapsed().as_secs_f64();
+
+    let block = tokens(VERIFY, vocab, 1);
+    let (mut decode, mut enqueue, mut verify, mut ratio) = (vec![], vec![], vec![], vec![]);
+    for round in 0..rounds + 1 {
+        let mut spent = Duration::ZERO;
+        let mut queued = Duration::ZERO;
+        for _ in 0..DECODES_PER_ROUND {
+            let start = Instant::now();
+            let logits = model.forward_last(&[next], &mut cache).expect("decode");
+            queued += start.elapsed();
+            next = finish(&logits);
+            spent += start.elapsed();
+        }
+        let start = Instant::now();
+        {
+            let mut spec = cache.speculate().expect("speculate");
+            finish(&model.forward(&block, spec.cache()).expect("verify"));
+            // `spec` drops: the cache rolls back.
+        }
+        let v = start.elapsed().as_secs_f64();
+        if round == 0 {
+            continue; // warm-up round
+        }
+        let d = spent.as_secs_f64() / DECODES_PER_ROUND as f64;
+        decode.push(d);
+        enqueue.push(queued.as_secs_f64() / DECODES_PER_ROUND as f64);
+        verify.push(v);
+        ratio.push(v / d);
+    }
+    ContextRow {
+        context,
+        prefill_s,
+        decode_ms: 1e3 * median(decode),
+        enqueue_ms: 1e3 * median(enqueue),
+        verify_ms: 1e3 * median(verify),
+        verify_ratio: median(ratio),
+    }
+}
+
+fn new_cache(model: &Model) -> ModelCache {
+    model
+        .new_cache(RotatingStrategy::Slack { max_draft: 8 })
+        .expect("cache")
+}
+
+/// Per-stage ms per decode step after 128 tokens, device synchronised at every stage.
+fn stages(model: &Model) -> Vec<(String, f64)> {
+    let vocab = model.info().vocab_size;
+    let mut cache = new_cache(model);
+    let mut next = finish(
+        &model
+            .forward_last(&tokens(128, vocab, 2), &mut cache)
+            .expect("prefill"),
+    );
+    next = finish(&model.forward_last(&[next], &mut cache).expect("warm"));
+    specdec::nn::profile::enable(true);
+    for _ in 0..PROFILE_STEPS {
+        next = finish(&model.forward_last(&[next], &mut cache).expect("decode"));
+    }
+    let times = specdec::nn::profile::take();
+    specdec::nn::profile::enable(false);
+    times
+        .into_iter()
+        .map(|(name, spent, _)| {
+            (
+                name.to_string(),
+                1e3 * spent.as_secs_f64() / PROFILE_STEPS as f64,
+            )
+        })
+        .collect()
+}
+
+fn main() {
+    let device = device();
+    let dirs: Vec<PathBuf> = match std::env::var("SPECDEC_BENCH_MODEL") {
+        Ok(s) => s.split(',').map(PathBuf::from).collect(),
+        Err(_) => ["models/target", "models/draft"]
+            .iter()
+            .map(|d| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(d))
+            .collect(),
+    };
+    let contexts = env_list("SPECDEC_BENCH_CONTEXTS", &[128, 1024, 4096, 8000]);
+    let rounds = env_list("SPECDEC_BENCH_ROUNDS", &[16])[0].max(1);
+    if let Ok(n) = std::env::var("SPECDEC_BENCH_KERNELS") {
+        let n: usize = n.parse().expect("SPECDEC_BENCH_KERNELS: a step count");
+        let opts = LoadOptions {
+            device: device.clone(),
+            dtype: dtype(),
+        };
+        let model = Model::load(&dirs[0], &opts).expect("load");
+        let mut cache = new_cache(&model);
+        let vocab = model.info().vocab_size;
+        let mut next = finish(
+            &model
+                .forward_last(&tokens(128, vocab, 0), &mut cache)
+                .expect("prefill"),
+        );
+        for _ in 0..n {
+            next = finish(&model.forward_last(&[next], &mut cache).expect("decode"));
+        }
+        return;
+    }
+    let bandwidth = copy_bandwidth(&device);
+    println!(
+        "gpu_decode on {device:?}: device-to-device copy {:.1} GB/s (read + write)",
+        bandwidth / 1e9
+    );
+    let mut json = Vec::new();
+    let mut decode_128 = Vec::new();
+    for dir in &dirs {
+        let opts = LoadOptions {
+            device: device.clone(),
+            dtype: dtype(),
+        };
+        let model = Model::load(dir, &opts)
+            .unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
+        let info = model.info().clone();
+        let bytes = info.param_count * info.dtype.size_in_bytes();
+        let bound_ms = 1e3 * bytes as f64 / bandwidth;
+        let limit = context_limit(dir).ok().flatten().unwrap_or(usize::MAX);
+        println!(
+            "\n{} ({}, {} layers, {:.1}M params, {:?}: {:.3} GB of weights; bound {:.3} ms/token = {:.0} tok/s)",
+            dir.display(),
+            info.arch,
+            info.num_layers,
+            info.param_count as f64 / 1e6,
+            info.dtype,
+            bytes as f64 / 1e9,
+            bound_ms,
+            1e3 / bound_ms
+        );
+        println!("| context | prefill s | decode ms/token | tok/s | % of bound | host enqueue ms | verify 5 ms | verify 5 / decode |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let mut rows_json = Vec::new();
+        for &context in contexts
+            .iter()
+            .filter(|&&c| c + (rounds + 1) * DECODES_PER_ROUND + VERIFY < limit)
+        {
+            let r = context_row(&model, context, rounds);
+            println!(
+                "| {} | {:.3} | {:.3} | {:.1} | {:.0}% | {:.3} | {:.3} | {:.2} |",
+                r.context,
+                r.prefill_s,
+                r.decode_ms,
+                1e3 / r.decode_ms,
+                100.0 * bound_ms / r.decode_ms,
+                r.enqueue_ms,
+                r.verify_ms,
+                r.verify_ratio
+            );
+            if context == contexts[0] {
+                decode_128.push(r.decode_ms);
+            }
+            rows_json.push(serde_json::json!({
+                "context": r.context, "prefill_s": r.prefill_s, "decode_ms": r.decode_ms,
+                "enqueue_ms": r.enqueue_ms, "verify5_ms": r.verify_ms,
+                "verify5_over_decode": r.verify_ratio,
+            }));
+        }
+        let stages = stages(&model);
+        let total: f64 = stages.iter().map(|(_, ms)| ms).sum();
+        println!("\nstages of one decode step after 128 tokens (device synchronised per stage; sum {total:.3} ms):");
+        println!("| stage | ms/token | share |");
+        println!("|---|---:|---:|");
+        for (name, ms) in &stages {
+            println!("| {name} | {ms:.3} | {:.0}% |", 100.0 * ms / total);
+        }
+        json.push(serde_json::json!({
+            "model": dir.display().to_string(), "arch": info.arch, "layers": info.num_layers,
+            "params": info.param_count, "dtype": format!("{:?}", info.dtype),
+            "weight_bytes": bytes, "bound_ms": bound_ms, "contexts": rows_json,
+            "stages_ms": stages.iter().map(|(n, ms)| serde_json::json!({"stage": n, "ms": ms})).collect::<Vec<_>>(),
+        }));
+    }
+    if decode_128.len() == 2 {
+        println!(
+            "\ndraft/target cost ratio c at context {}: {:.3}",
+            contexts[0],
+            decode_128[1] / decode_128[0]
+        );
+    }
+    if let Ok(path) = std::env::var("SPECDEC_BENCH_JSON") {
+        let doc = serde_json::json!({
+            "device": format!("{device:?}"), "copy_bandwidth_bytes_per_s": bandwidth, "models": json,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).expect("json"))
+            .unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+    }
+}

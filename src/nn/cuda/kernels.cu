@@ -1,0 +1,311 @@
+// specdec's own CUDA kernels, compiled to PTX by build.rs when the `cuda` feature is on and
+// launched through candle's custom-op interface (src/nn/cuda.rs). Every kernel has a
+// device-generic fallback made of candle ops; these exist where a measurement showed
+// candle's op sequence costing us (see the README's GPU section).
+//
+// Layout conventions (batch 1):
+//   q:      [heads, t, d] with element (h, i, e) at q[h * q_head_stride + i * q_row_stride + e]
+//   k, v:   a cache buffer [kv_heads, capacity, d]; element (g, j, e) at
+//           k[g * kv_head_stride + j * d + e] (the views handed out by the KV cache)
+//   out:    [t, heads * d] row-major, ready for the output projection.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half(x); }
+
+// E consecutive elements, loaded in one vector access (the caller guarantees alignment).
+template <typename T, int E> struct __align__(sizeof(T) * E) Vec { T x[E]; };
+
+template <typename T, int E>
+__device__ __forceinline__ void load_vec(const T *p, float (&out)[E]) {
+  Vec<T, E> v = *reinterpret_cast<const Vec<T, E> *>(p);
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+constexpr int WARPS = 4;
+
+// Split-K attention of single query rows over a cache ("flash decoding"), part 1.
+//
+// Grid: x = t * group (query row i = x / group, head-in-group = x % group), y = kv head,
+// z = split. Block: WARPS warps. Split s covers key indices [s * split_len, (s+1) * split_len)
+// in tiles of 32 keys, one tile per warp at a time: lane l scores key tile + l (reading that
+// key's row with vector loads), the warp takes the tile's softmax terms with shuffles, then
+// every lane accumulates its E output dimensions over the tile's value rows (coalesced).
+// The keys are `len` consecutive positions and the t queries are the newest t of them:
+// query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with a
+// sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
+// not null (a captured graph replays with the length of the step), else it is `len_arg`.
+//
+// Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
+// output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)].
+template <typename T, int E>
+__device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
+                           const T *__restrict__ v, float *__restrict__ part,
+                           const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
+                           int heads, int group, long q_head_stride, long q_row_stride,
+                           long kv_head_stride, int split_len, int window, float softcap) {
+  constexpr int D = 32 * E;
+  // Elements per 16-byte load of a key row.
+  constexpr int V16 = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int row = blockIdx.x / group, head = blockIdx.y * group + blockIdx.x % group;
+  const int split = blockIdx.z, splits = gridDim.z;
+  const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
+  const int qpos = len - t + row;
+  const int hi = min(qpos + 1, (split + 1) * split_len);
+  int lo = split * split_len;
+  if (window > 0) lo = max(lo, qpos + 1 - window);
+
+  __shared__ float sq[D];
+  for (int e = threadIdx.x; e < D; e += blockDim.x)
+    sq[e] = to_f32(q[head * q_head_stride + row * q_row_stride + e]);
+  __syncthreads();
+  const T *kb = k + blockIdx.y * kv_head_stride;
+  const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
+
+  float m = -INFINITY, l = 0.f, acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  for (int tile = split * split_len + warp * 32; tile < hi; tile += WARPS * 32) {
+    const int j = tile + lane;
+    const bool live = j >= lo && j < hi;
+    float s = -INFINITY;
+    if (live) {
+      const T *kr = kb + (long)j * D;
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < D; c += V16) {
+        float kv_[V16];
+        load_vec<T, V16>(kr + c, kv_);
+#pragma unroll
+        for (int e = 0; e < V16; ++e) dot += sq[c + e] * kv_[e];
+      }
+      s = softcap > 0.f ? tanhf(dot / softcap) * softcap : dot;
+    }
+    float tile_max = s;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+    if (tile_max == -INFINITY) continue;  // nothing visible in this tile
+    const float m_new = fmaxf(m, tile_max);
+    const float corr = __expf(m - m_new);
+    const float p = live ? __expf(s - m_new) : 0.f;
+    l = l * corr + warp_sum(p);
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] *= corr;
+    const int n = min(32, hi - tile);
+    for (int jj = 0; jj < n; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+      if (pj != 0.f) {
+        float vv[E];
+        load_vec<T, E>(vb + (long)(tile + jj) * D, vv);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] += pj * vv[e];
+      }
+    }
+    m = m_new;
+  }
+
+  // Combine the warps.
+  __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][D];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) sacc[warp][lane * E + e] = acc[e];
+  __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
+  float *out = part + ((long)(row * heads + head) * splits + split) * (D + 2);
+  for (int e = threadIdx.x; e < D; e += blockDim.x) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+      if (sm[w] > -INFINITY) a += sacc[w][e] * __expf(sm[w] - M);
+    out[2 + e] = a;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w)
+      if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
+    out[0] = M;
+    out[1] = L;
+  }
+}
+
+// Part 2: combines the splits of each (row, head) into out[row, head * d + e].
+// Grid: x = t * heads (row-major: row * heads + head). Block: d threads.
+template <typename T>
+__device__ void attn_combine(const float *__restrict__ part, T *__restrict__ out, int splits,
+                             int d) {
+  const int rh = blockIdx.x, e = threadIdx.x;
+  const float *p = part + (long)rh * splits * (d + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (d + 2)]);
+  float L = 0.f, a = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = p[s * (d + 2)];
+    if (ms > -INFINITY) {
+      const float w = __expf(ms - M);
+      L += p[s * (d + 2) + 1] * w;
+      a += p[s * (d + 2) + 2 + e] * w;
+    }
+  }
+  out[(long)rh * d + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+}
+
+#define ATTN_SPLIT(NAME, T, E)                                                                 \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
+      NAME(const T *q, const T *k, const T *v, float *part, const uint32_t *len_ptr,           \
+           uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
+           long q_row_stride, long kv_head_stride, int split_len, int window,                \
+           float softcap) {                                                                    \
+    attn_split<T, E>(q, k, v, part, len_ptr, len_arg, t, heads, group, q_head_stride,         \
+                     q_row_stride, kv_head_stride, split_len, window, softcap);               \
+  }
+
+ATTN_SPLIT(attn_split_f32_d32, float, 1)
+ATTN_SPLIT(attn_split_f32_d64, float, 2)
+ATTN_SPLIT(attn_split_f32_d128, float, 4)
+ATTN_SPLIT(attn_split_f32_d256, float, 8)
+ATTN_SPLIT(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT(attn_split_bf16_d128, __nv_bfloat16, 4)
+ATTN_SPLIT(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT(attn_split_f16_d128, __half, 4)
+ATTN_SPLIT(attn_split_f16_d256, __half, 8)
+
+#define ATTN_COMBINE(NAME, T)                                                                  \
+  extern "C" __global__ void NAME(const float *part, T *out, int splits, int d) {             \
+    attn_combine<T>(part, out, splits, d);                                                     \
+  }
+
+ATTN_COMBINE(attn_combine_f32, float)
+ATTN_COMBINE(attn_combine_bf16, __nv_bfloat16)
+ATTN_COMBINE(attn_combine_f16, __half)
+
+// Causal softmax of attention scores in place, for a prefill chunk's scores
+// [kv_heads * group * rows, keys] (rows of one head consecutive): row r of its head is the
+// query at key index `first + r` and sees key j iff j <= first + r and, with a sliding
+// `window` > 0, j > first + r - window. Hidden keys get probability 0. Optional `tanh`
+// softcap first. f32 arithmetic; one block per row.
+template <typename T>
+__device__ void causal_softmax(T *__restrict__ x, int rows, int keys, int first, int window,
+                               float softcap) {
+  const long row_id = blockIdx.x;
+  const int r = (int)(row_id % rows);
+  T *p = x + row_id * keys;
+  const int hi = min(keys, first + r + 1);
+  const int lo = window > 0 ? max(0, first + r + 1 - window) : 0;
+  __shared__ float red[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  auto logit = [&](int j) {
+    const float s = to_f32(p[j]);
+    return softcap > 0.f ? tanhf(s / softcap) * softcap : s;
+  };
+  float m = -INFINITY;
+  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) m = fmaxf(m, logit(j));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
+  __syncthreads();
+  float sum = 0.f;
+  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) sum += __expf(logit(j) - m);
+  sum = warp_sum(sum);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+  for (int w = 0; w < warps; ++w) sum += red[w];
+  const float inv = 1.f / sum;
+  for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+    const float prob = (j >= lo && j < hi) ? __expf(logit(j) - m) * inv : 0.f;
+    p[j] = from_f32<T>(prob);
+  }
+}
+
+#define CAUSAL_SOFTMAX(NAME, T)                                                                \
+  extern "C" __global__ void NAME(T *x, int rows, int keys, int first, int window,            \
+                                  float softcap) {                                             \
+    causal_softmax<T>(x, rows, keys, first, window, softcap);                                  \
+  }
+
+CAUSAL_SOFTMAX(causal_softmax_f32, float)
+CAUSAL_SOFTMAX(causal_softmax_bf16, __nv_bfloat16)
+CAUSAL_SOFTMAX(causal_softmax_f16, __half)
+
+// RoPE of the new block's queries and keys at the positions of a replayed step, with the
+// keys and values written into the KV cache buffers — what a captured CUDA graph needs,
+// since every launch argument is fixed at capture and the positions are not.
+//
+// q: [t, heads, d], k, v: [t, kv_heads, d] (rows `*_row` elements apart, heads d apart);
+// cos, sin: [P, d / 2] tables; the block's row i sits at position len - t + i with
+// len = *len_ptr (the cache's length after the step). Writes q_out [heads, t, d] rotated,
+// and the rotated k and the plain v at slot len - t + i of the caches [kv_heads, cap, d]
+// (`cache_head_stride` elements per head). Non-interleaved (half-split) RoPE, as
+// transformers' Llama: out[e] = x[e] cos - x[e + d/2] sin, out[e + d/2] = x[e] sin + x[e + d/2] cos.
+// Grid: x = t, y = heads + kv_heads. Block: d / 2 threads.
+template <typename T>
+__device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restrict__ k,
+                           long k_row, const T *__restrict__ v, long v_row,
+                           const T *__restrict__ cos, const T *__restrict__ sin,
+                           T *__restrict__ q_out, T *__restrict__ kc, T *__restrict__ vc,
+                           long cache_head_stride, const uint32_t *__restrict__ len_ptr, int t,
+                           int heads, int d) {
+  const int i = blockIdx.x, hh = blockIdx.y, e = threadIdx.x, half = d / 2;
+  const long pos = (long)*len_ptr - t + i;
+  const float c = to_f32(cos[pos * half + e]), s = to_f32(sin[pos * half + e]);
+  if (hh < heads) {
+    const T *x = q + i * q_row + (long)hh * d;
+    const float x1 = to_f32(x[e]), x2 = to_f32(x[e + half]);
+    T *o = q_out + ((long)hh * t + i) * d;
+    o[e] = from_f32<T>(x1 * c - x2 * s);
+    o[e + half] = from_f32<T>(x1 * s + x2 * c);
+  } else {
+    const int g = hh - heads;
+    const T *x = k + i * k_row + (long)g * d;
+    const float x1 = to_f32(x[e]), x2 = to_f32(x[e + half]);
+    T *o = kc + g * cache_head_stride + pos * d;
+    o[e] = from_f32<T>(x1 * c - x2 * s);
+    o[e + half] = from_f32<T>(x1 * s + x2 * c);
+    const T *y = v + i * v_row + (long)g * d;
+    T *w = vc + g * cache_head_stride + pos * d;
+    w[e] = y[e];
+    w[e + half] = y[e + half];
+  }
+}
+
+#define ROPE_STORE(NAME, T)                                                                    \
+  extern "C" __global__ void NAME(const T *q, long q_row, const T *k, long k_row, const T *v, \
+                                  long v_row, const T *cos, const T *sin, T *q_out, T *kc,     \
+                                  T *vc, long cache_head_stride, const uint32_t *len_ptr,      \
+                                  int t, int heads, int d) {                                   \
+    rope_store<T>(q, q_row, k, k_row, v, v_row, cos, sin, q_out, kc, vc, cache_head_stride,   \
+                  len_ptr, t, heads, d);                                                       \
+  }
+
+ROPE_STORE(rope_store_f32, float)
+ROPE_STORE(rope_store_bf16, __nv_bfloat16)
+ROPE_STORE(rope_store_f16, __half)

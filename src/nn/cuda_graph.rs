@@ -1,0 +1,164 @@
+//! CUDA graphs of a decode step: the step's few hundred kernel launches recorded once and
+//! replayed with one launch, so the host's per-op cost (candle's bookkeeping, the driver's
+//! launch calls) leaves the step's critical path.
+//!
+//! A recorded step may only differ from the next in the contents of device memory: the
+//! token ids and the cache length live in one fixed `[t + 1]` u32 buffer written before
+//! each replay, and the kernels that depend on the position (RoPE, the K/V write, attention)
+//! read the length from it. Everything else the step touches — weights, the KV buffers, the
+//! RoPE tables, the output buffer — must stay at the addresses it had when recorded; the
+//! caller keys the recording on their identities and a changed key records anew.
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph, DevicePtr};
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::{DType, Storage, Tensor};
+
+use crate::error::{Error, Result};
+
+/// One recorded step.
+struct Recording {
+    /// What the recording's fixed addresses were taken from (see the module doc).
+    key: Vec<u64>,
+    /// `[t + 1]` u32: the token ids, then the cache length after the step.
+    io: Tensor,
+    /// The step's logits, written by every replay.
+    out: Tensor,
+    graph: CudaGraph,
+}
+
+// SAFETY: a `CudaGraph` is a handle to driver objects of one context; the driver API is
+// thread-safe, and `Graphs` only touches a recording under its mutex.
+unsafe impl Send for Recording {}
+
+/// The recorded decode steps of one model (one per block length; a new key replaces it).
+#[derive(Default)]
+pub struct Graphs {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Set when recording failed once: the model stays on the ordinary path.
+    disabled: bool,
+    recordings: Vec<(usize, Recording)>,
+}
+
+impl std::fmt::Debug for Graphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.inner.lock();
+        let n = inner.as_ref().map_or(0, |i| i.recordings.len());
+        write!(f, "Graphs({n} recorded)")
+    }
+}
+
+fn poisoned() -> Error {
+    Error::invalid("CUDA graph lock poisoned by a panic")
+}
+
+/// Writes `data` into the u32 tensor `dst` (contiguous, on `dev`) on the device's stream.
+fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
+    let (storage, layout) = dst.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else {
+        return Err(Error::invalid("graph input buffer is not on the GPU"));
+    };
+    let slice = s.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
+    let stream = dev.cuda_stream();
+    let (ptr, _sync) = slice.device_ptr(&stream);
+    // SAFETY: `dst` holds at least `data.len()` u32 (the caller made it so); from pageable
+    // memory the copy is staged before the call returns, so `data` may go right after.
+    unsafe { result::memcpy_htod_async(ptr, data, stream.cu_stream()) }
+        .map_err(|e| Error::invalid(format!("graph input upload failed: {e}")))?;
+    Ok(())
+}
+
+impl Graphs {
+    /// Runs one step of `tokens.len()` tokens that leaves the cache `len` long, replaying
+    /// the recording for `key` or recording one: `step(ids, len)` is the step as device
+    /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
+    /// returns the logits. The first call for a key runs `step` eagerly (that is this
+    /// step's result) and then records it. `None` when graphs are off for this model (a
+    /// recording failed once; the error is printed): the caller takes its ordinary path.
+    pub fn run(
+        &self,
+        dev: &CudaDevice,
+        key: Vec<u64>,
+        tokens: &[u32],
+        len: u32,
+        step: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let mut inner = self.inner.lock().map_err(|_| poisoned())?;
+        if inner.disabled {
+            return Ok(None);
+        }
+        let t = tokens.len();
+        let mut data = tokens.to_vec();
+        data.push(len);
+        if let Some((_, rec)) = inner
+            .recordings
+            .iter()
+            .find(|(n, r)| *n == t && r.key == key)
+        {
+            write_u32(dev, &rec.io, &data)?;
+            rec.graph
+                .launch()
+                .map_err(|e| Error::invalid(format!("CUDA graph launch failed: {e}")))?;
+            // A copy: the next replay overwrites `out`.
+            return Ok(Some(rec.out.copy()?));
+        }
+        inner.recordings.retain(|(n, _)| *n != t);
+        let device = candle_core::Device::Cuda(dev.clone());
+        let io = Tensor::zeros(t + 1, DType::U32, &device)?;
+        write_u32(dev, &io, &data)?;
+        let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, 1)?);
+        // Kernel parameters that candle uploads per launch (shapes and strides of strided
+        // operands) come from a cache filled by the eager run, so the recording reads them
+        // from device memory that outlives it.
+        let _params = dev.enable_cuda_graph_htod_cache();
+        let eager = step(&ids, &len_t)?;
+        let out = eager.zeros_like()?;
+        match record(dev, || {
+            let logits = step(&ids, &len_t)?;
+            out.slice_set(&logits, 0, 0)?;
+            Ok(())
+        }) {
+            Ok(graph) => inner.recordings.push((
+                t,
+                Recording {
+                    key,
+                    io,
+                    out,
+                    graph,
+                },
+            )),
+            Err(e) => {
+                eprintln!("warning: CUDA graph recording failed, decoding without graphs: {e}");
+                inner.disabled = true;
+            }
+        }
+        Ok(Some(eager))
+    }
+}
+
+/// Records the device work `f` queues on `dev`'s stream as a graph (nothing runs).
+fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    let stream = dev.cuda_stream();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .map_err(|e| Error::invalid(format!("begin capture: {e}")))?;
+    let body = f();
+    // End the capture whatever happened, or the stream stays unusable.
+    let graph = stream.end_capture(
+        sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+    );
+    body?;
+    match graph {
+        Ok(Some(g)) => {
+            g.upload()
+                .map_err(|e| Error::invalid(format!("graph upload: {e}")))?;
+            Ok(g)
+        }
+        Ok(None) => Err(Error::invalid("capture recorded nothing")),
+        Err(e) => Err(Error::invalid(format!("end capture: {e}"))),
+    }
+}

@@ -1,0 +1,108 @@
+//! Device-specific fused kernels behind device-generic calls: each returns `None` where no
+//! kernel applies (another device, an unsupported shape), and the caller takes its candle-op
+//! path.
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// Attention of the newest `t` queries `q: [1, h, t, d]` over the cache views `k`, `v:
+/// [1, kv, len, d]` (causal, optionally within a sliding `window`), as `[t, h * d]`, read
+/// in place by the CUDA split kernel. `None` off CUDA or for shapes it does not cover.
+pub fn split_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::split_attention_applies(q, k) {
+        let op = super::cuda::SplitAttention {
+            window,
+            softcap,
+            len: None,
+        };
+        return Ok(Some(q.apply_op3_no_bwd(k, v, &op)?));
+    }
+    let _ = (q, k, v, window, softcap);
+    Ok(None)
+}
+
+/// Whether one-token steps on CUDA replay recorded graphs: on unless the environment sets
+/// `SPECDEC_CUDA_GRAPHS=0` or [`set_cuda_graphs`] turned them off.
+pub fn graphs_enabled() -> bool {
+    use std::sync::atomic::Ordering;
+    match GRAPHS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("SPECDEC_CUDA_GRAPHS").map_or(true, |v| v != "0");
+            GRAPHS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+        state => state == 1,
+    }
+}
+
+/// Turns graph replay of one-token CUDA steps on or off for the process (tests compare the
+/// two paths; recordings already made stay but are not used while off).
+pub fn set_cuda_graphs(on: bool) {
+    GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// 0: not yet read from the environment; 1: on; 2: off.
+static GRAPHS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// True when `device` has specdec's own kernels (CUDA in a `cuda` build).
+pub fn has_kernels(device: &candle_core::Device) -> bool {
+    cfg!(feature = "cuda") && device.is_cuda()
+}
+
+/// Softmax in place of a prefill chunk's `scores: [1, kv, group * rows, keys]` (contiguous,
+/// the `rows` queries of a head consecutive) under the causal rule of the attention's
+/// chunks: row `r` is the query at key index `first + r`. Only where [`has_kernels`]; the
+/// caller masks and softmaxes with candle elsewhere.
+pub fn causal_softmax_in_place(
+    scores: &Tensor,
+    rows: usize,
+    first: usize,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let op = super::cuda::CausalSoftmax {
+            rows,
+            first,
+            window,
+            softcap,
+        };
+        if !scores.is_contiguous() {
+            return Err(crate::error::Error::invalid(
+                "causal softmax: the scores must be contiguous (it writes them in place)",
+            ));
+        }
+        Ok(scores.inplace_op1(&op)?)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (scores, rows, first, window, softcap);
+        Err(crate::error::Error::invalid(
+            "causal softmax kernel needs a CUDA build",
+        ))
+    }
+}
+
+/// CUDA device `ordinal` on its own stream, which every thread's work then shares, with
+/// cudarc's per-tensor event tracking off: with one stream, stream order already orders
+/// every use of a tensor, and the events cost a record and a wait per operand of every
+/// launch. (candle's default CUDA device uses the calling thread's default stream instead,
+/// which needs those events as soon as two threads share a tensor.)
+pub fn open_cuda(ordinal: usize) -> candle_core::Result<candle_core::Device> {
+    let device = candle_core::Device::new_cuda_with_stream(ordinal)?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = &device {
+        // SAFETY: this device has a single stream (above), so no tensor created on it is
+        // ever used on another stream before, during or after its writes.
+        unsafe { d.disable_event_tracking() };
+    }
+    Ok(device)
+}
