@@ -174,12 +174,16 @@ fn stages(model: &Model) -> Vec<(String, f64)> {
             .expect("prefill"),
     );
     next = finish(&model.forward_last(&[next], &mut cache).expect("warm"));
+    // Stages exist on the ordinary path only (a replayed graph is one launch).
+    let graphs = specdec::nn::graphs_enabled();
+    specdec::nn::set_cuda_graphs(false);
     specdec::nn::profile::enable(true);
     for _ in 0..PROFILE_STEPS {
         next = finish(&model.forward_last(&[next], &mut cache).expect("decode"));
     }
     let times = specdec::nn::profile::take();
     specdec::nn::profile::enable(false);
+    specdec::nn::set_cuda_graphs(graphs);
     times
         .into_iter()
         .map(|(name, spent, _)| {
@@ -191,7 +195,25 @@ fn stages(model: &Model) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// Per-stage seconds of one prefill of `n` tokens (device synchronised per stage).
+fn prefill_stages(model: &Model, n: usize) -> Vec<(String, f64)> {
+    let prompt = tokens(n, model.info().vocab_size, 3);
+    let graphs = specdec::nn::graphs_enabled();
+    specdec::nn::set_cuda_graphs(false);
+    specdec::nn::profile::enable(true);
+    finish(&model.forward_last(&prompt, &mut new_cache(model)).expect("prefill"));
+    let times = specdec::nn::profile::take();
+    specdec::nn::profile::enable(false);
+    specdec::nn::set_cuda_graphs(graphs);
+    times
+        .into_iter()
+        .map(|(name, spent, _)| (name.to_string(), spent.as_secs_f64()))
+        .collect()
+}
+
 fn main() {
+    // Single-threaded, like `exp`: graph replay on unless SPECDEC_CUDA_GRAPHS=0.
+    specdec::nn::set_cuda_graphs(std::env::var("SPECDEC_CUDA_GRAPHS").map_or(true, |v| v != "0"));
     let device = device();
     let dirs: Vec<PathBuf> = match std::env::var("SPECDEC_BENCH_MODEL") {
         Ok(s) => s.split(',').map(PathBuf::from).collect(),
@@ -221,9 +243,19 @@ fn main() {
         }
         return;
     }
-    let bandwidth = copy_bandwidth(&device);
+    // A reference copy rate measured outside (the GPU script uses torch's clone, whose copy
+    // kernels are faster than candle's), else candle's own copy.
+    let (bandwidth, source) = match std::env::var("SPECDEC_BENCH_BANDWIDTH") {
+        Ok(v) => (
+            v.trim()
+                .parse::<f64>()
+                .unwrap_or_else(|e| panic!("SPECDEC_BENCH_BANDWIDTH={v}: {e}")),
+            "SPECDEC_BENCH_BANDWIDTH",
+        ),
+        Err(_) => (copy_bandwidth(&device), "candle copy of 1 GiB"),
+    };
     println!(
-        "gpu_decode on {device:?}: device-to-device copy {:.1} GB/s (read + write)",
+        "gpu_decode on {device:?}: device-to-device copy {:.1} GB/s (read + write; {source})",
         bandwidth / 1e9
     );
     let mut json = Vec::new();
@@ -237,16 +269,26 @@ fn main() {
             .unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
         let info = model.info().clone();
         let bytes = info.param_count * info.dtype.size_in_bytes();
-        let bound_ms = 1e3 * bytes as f64 / bandwidth;
+        // A step reads every weight once except an untied embedding table, of which it
+        // gathers one row per token.
+        let tied = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|c| c.get("tie_word_embeddings").and_then(|v| v.as_bool()))
+            .unwrap_or(false);
+        let embedding = info.vocab_size * info.hidden_size * info.dtype.size_in_bytes();
+        let read = if tied { bytes } else { bytes - embedding };
+        let bound_ms = 1e3 * read as f64 / bandwidth;
         let limit = context_limit(dir).ok().flatten().unwrap_or(usize::MAX);
         println!(
-            "\n{} ({}, {} layers, {:.1}M params, {:?}: {:.3} GB of weights; bound {:.3} ms/token = {:.0} tok/s)",
+            "\n{} ({}, {} layers, {:.1}M params, {:?}: {:.3} GB of weights, {:.3} GB read per step; bound {:.3} ms/token = {:.0} tok/s)",
             dir.display(),
             info.arch,
             info.num_layers,
             info.param_count as f64 / 1e6,
             info.dtype,
             bytes as f64 / 1e9,
+            read as f64 / 1e9,
             bound_ms,
             1e3 / bound_ms
         );
@@ -286,10 +328,24 @@ fn main() {
         for (name, ms) in &stages {
             println!("| {name} | {ms:.3} | {:.0}% |", 100.0 * ms / total);
         }
+        let longest = contexts.iter().copied().filter(|&c| c < limit).max().unwrap_or(0);
+        let prefill = if longest > 0 {
+            prefill_stages(&model, longest)
+        } else {
+            Vec::new()
+        };
+        let total: f64 = prefill.iter().map(|(_, s)| s).sum();
+        println!("\nstages of one prefill of {longest} tokens (device synchronised per stage; sum {total:.3} s):");
+        println!("| stage | s | share |");
+        println!("|---|---:|---:|");
+        for (name, secs) in &prefill {
+            println!("| {name} | {secs:.4} | {:.0}% |", 100.0 * secs / total);
+        }
         json.push(serde_json::json!({
+            "prefill_stages_s": prefill.iter().map(|(n, s)| serde_json::json!({"stage": n, "s": s})).collect::<Vec<_>>(),
             "model": dir.display().to_string(), "arch": info.arch, "layers": info.num_layers,
             "params": info.param_count, "dtype": format!("{:?}", info.dtype),
-            "weight_bytes": bytes, "bound_ms": bound_ms, "contexts": rows_json,
+            "weight_bytes": bytes, "read_bytes": read, "bound_ms": bound_ms, "contexts": rows_json,
             "stages_ms": stages.iter().map(|(n, ms)| serde_json::json!({"stage": n, "ms": ms})).collect::<Vec<_>>(),
         }));
     }

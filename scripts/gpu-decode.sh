@@ -23,10 +23,25 @@ for name in ("target-8b", "draft-1b"):
 print(f"random checkpoints ready in {time.perf_counter() - t0:.0f} s", flush=True)
 PY
 target=$models/target-8b draft=$models/draft-1b
+# The copy bandwidth of torch's clone (cudaMemcpy-class kernels), as the bound's reference.
+bw=$(python3 -c '
+import time, torch
+a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+ts = []
+for _ in range(10):
+    torch.cuda.synchronize(); t = time.perf_counter(); b = a.clone(); torch.cuda.synchronize()
+    ts.append(time.perf_counter() - t); del b
+print(2 * a.numel() * 4 / sorted(ts[1:])[4])')
+echo "== device-to-device copy (torch clone of 1 GiB): $bw bytes/s"
 echo "== gpu_decode (bf16)"
-SPECDEC_BENCH_MODEL=$target,$draft SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_CONTEXTS=$contexts \
+SPECDEC_BENCH_BANDWIDTH=$bw SPECDEC_BENCH_MODEL=$target,$draft SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_CONTEXTS=$contexts \
   SPECDEC_BENCH_ROUNDS=${ROUNDS:-8} SPECDEC_BENCH_JSON=$out/gpu_decode.json \
   .cuda/run/benches/gpu_decode | tee "$out/gpu_decode.md"
+echo "== gpu_decode without CUDA graphs (bf16, context 128)"
+SPECDEC_CUDA_GRAPHS=0 SPECDEC_BENCH_BANDWIDTH=$bw SPECDEC_BENCH_MODEL=$target,$draft \
+  SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_CONTEXTS=128 SPECDEC_BENCH_ROUNDS=${ROUNDS:-8} \
+  SPECDEC_BENCH_JSON=$out/gpu_decode_eager.json .cuda/run/benches/gpu_decode \
+  | tee "$out/gpu_decode_eager.md"
 echo "== transformers prefill (bf16, sdpa)"
 python3 - "$target" "$contexts" "$out/hf_prefill.json" <<'PY'
 import json, sys, time, torch

@@ -16,7 +16,7 @@ def main(path):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
         unit = r.get("Metric Unit", "nsecond")
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
+        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
         value = float(r["Metric Value"].replace(",", ""))
         rows.append((r["Kernel Name"], value * scale))  # microseconds
     ends = [i for i, (name, _) in enumerate(rows) if "argmax" in name]

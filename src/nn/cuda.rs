@@ -444,3 +444,122 @@ impl CustomOp3 for RopeStore {
         ))
     }
 }
+
+/// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 7); longer
+/// inputs take cuBLAS.
+pub const GEMV_MAX_ROWS: usize = 8;
+/// Warps per block of `gemv` (`GEMV_WARPS` in kernels.cu).
+const GEMV_WARPS: usize = 4;
+/// Outputs per warp of `gemv` for `rows` rows (the `GEMV` macro in kernels.cu); `out` must
+/// be a multiple of 4.
+fn gemv_outs(rows: usize) -> usize {
+    if rows <= 2 {
+        1
+    } else {
+        4
+    }
+}
+
+/// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
+/// contiguous, reading `w` once (`gemv` in kernels.cu). Inputs of [`candle_core::CustomOp2`]:
+/// `x`, `w`. Output `[rows, out]`.
+pub struct Gemv;
+
+impl Gemv {
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        dev: &CudaDevice,
+        name: &str,
+        (x, xl): (&CudaSlice<T>, &Layout),
+        (w, wl): (&CudaSlice<T>, &Layout),
+    ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
+        let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
+        else {
+            candle_core::bail!("gemv: x and w must be contiguous");
+        };
+        let (xd, wd) = (xl.dims(), wl.dims());
+        if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS {
+            candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
+        }
+        let (rows, inp, out) = (xd[0], xd[1], wd[0]);
+        let func = dev.get_or_load_custom_func(&format!("gemv_{name}_r{rows}"), MODULE, PTX)?;
+        // SAFETY: written in full by the kernel.
+        let y = unsafe { dev.alloc::<T>(rows * out)? };
+        let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
+        let (in_arg, out_arg) = (inp as i32, out as i32);
+        let mut b = func.builder();
+        b.arg(&x).arg(&w).arg(&y).arg(&in_arg).arg(&out_arg);
+        let cfg = LaunchConfig {
+            grid_dim: (out.div_ceil(GEMV_WARPS * gemv_outs(rows)) as u32, 1, 1),
+            block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `gemv`; `in` is a multiple of the 16-byte vector (checked by
+        // `gemv_applies`), so every load stays inside its row.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((y, Shape::from((rows, out))))
+    }
+}
+
+impl candle_core::CustomOp2 for Gemv {
+    fn name(&self) -> &'static str {
+        "gemv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("gemv runs on CUDA only; the CPU takes its own kernels")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let dev = x.device();
+        let (slice, shape) = match (&x.slice, &w.slice) {
+            (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
+                let (y, s) = Self::launch(dev, "bf16", (x, xl), (w, wl))?;
+                (CudaStorageSlice::BF16(y), s)
+            }
+            (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
+                let (y, s) = Self::launch(dev, "f16", (x, xl), (w, wl))?;
+                (CudaStorageSlice::F16(y), s)
+            }
+            (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
+                let (y, s) = Self::launch(dev, "f32", (x, xl), (w, wl))?;
+                (CudaStorageSlice::F32(y), s)
+            }
+            _ => candle_core::bail!("gemv: x and w must share a float dtype"),
+        };
+        Ok((
+            CudaStorage {
+                slice,
+                device: dev.clone(),
+            },
+            shape,
+        ))
+    }
+}
+
+/// True when [`Gemv`] takes `x: [rows, in]` times `w: [out, in]ᵀ`.
+pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
+    let vector = 16 / w.dtype().size_in_bytes().max(1);
+    x.device().is_cuda()
+        && x.rank() == 2
+        && w.rank() == 2
+        && (1..=GEMV_MAX_ROWS).contains(&x.dims()[0])
+        && x.dims()[1] == w.dims()[1]
+        && x.dims()[1] % vector == 0
+        && w.dims()[0] % 4 == 0
+        && x.dtype() == w.dtype()
+        && matches!(w.dtype(), candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32)
+        && w.is_contiguous()
+        && w.layout().start_offset() % vector == 0
+}

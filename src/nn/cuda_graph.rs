@@ -31,7 +31,7 @@ struct Recording {
 // thread-safe, and `Graphs` only touches a recording under its mutex.
 unsafe impl Send for Recording {}
 
-/// The recorded decode steps of one model (one per block length; a new key replaces it).
+/// The recorded steps of one model (one per slot, i.e. kind of step; a new key replaces it).
 #[derive(Default)]
 pub struct Graphs {
     inner: Mutex<Inner>,
@@ -74,7 +74,7 @@ fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
 
 impl Graphs {
     /// Runs one step of `tokens.len()` tokens that leaves the cache `len` long, replaying
-    /// the recording for `key` or recording one: `step(ids, len)` is the step as device
+    /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
     /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
     /// returns the logits. The first call for a key runs `step` eagerly (that is this
     /// step's result) and then records it. `None` when graphs are off for this model (a
@@ -82,6 +82,7 @@ impl Graphs {
     pub fn run(
         &self,
         dev: &CudaDevice,
+        slot: usize,
         key: Vec<u64>,
         tokens: &[u32],
         len: u32,
@@ -97,7 +98,7 @@ impl Graphs {
         if let Some((_, rec)) = inner
             .recordings
             .iter()
-            .find(|(n, r)| *n == t && r.key == key)
+            .find(|(n, r)| *n == slot && r.key == key)
         {
             write_u32(dev, &rec.io, &data)?;
             rec.graph
@@ -106,7 +107,7 @@ impl Graphs {
             // A copy: the next replay overwrites `out`.
             return Ok(Some(rec.out.copy()?));
         }
-        inner.recordings.retain(|(n, _)| *n != t);
+        inner.recordings.retain(|(n, _)| *n != slot);
         let device = candle_core::Device::Cuda(dev.clone());
         let io = Tensor::zeros(t + 1, DType::U32, &device)?;
         write_u32(dev, &io, &data)?;
@@ -123,7 +124,7 @@ impl Graphs {
             Ok(())
         }) {
             Ok(graph) => inner.recordings.push((
-                t,
+                slot,
                 Recording {
                     key,
                     io,

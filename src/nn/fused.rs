@@ -28,13 +28,20 @@ pub fn split_attention(
     Ok(None)
 }
 
-/// Whether one-token steps on CUDA replay recorded graphs: on unless the environment sets
-/// `SPECDEC_CUDA_GRAPHS=0` or [`set_cuda_graphs`] turned them off.
+/// Whether short steps on CUDA replay recorded graphs. Off by default in the library, on in
+/// `exp` and the GPU benchmark; `SPECDEC_CUDA_GRAPHS=1` / `=0` in the environment or
+/// [`set_cuda_graphs`] decide.
+///
+/// The contract that makes it opt-in: recording captures everything queued on the device's
+/// one stream, so while a step records (the first step of a block length on a cache's
+/// buffers, again after they grow) no other thread may queue work on that device. `exp`
+/// decodes one sequence at a time on one thread; a test harness running tests in parallel
+/// does not.
 pub fn graphs_enabled() -> bool {
     use std::sync::atomic::Ordering;
     match GRAPHS.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("SPECDEC_CUDA_GRAPHS").map_or(true, |v| v != "0");
+            let on = std::env::var("SPECDEC_CUDA_GRAPHS").is_ok_and(|v| v == "1");
             GRAPHS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
             on
         }
@@ -42,8 +49,9 @@ pub fn graphs_enabled() -> bool {
     }
 }
 
-/// Turns graph replay of one-token CUDA steps on or off for the process (tests compare the
-/// two paths; recordings already made stay but are not used while off).
+/// Turns graph replay of short CUDA steps on or off for the process (see
+/// [`graphs_enabled`] for the contract; recordings already made stay but go unused while
+/// off).
 pub fn set_cuda_graphs(on: bool) {
     GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
@@ -89,6 +97,17 @@ pub fn causal_softmax_in_place(
             "causal softmax kernel needs a CUDA build",
         ))
     }
+}
+
+/// `x wᵀ` for a few rows `x: [rows, in]` and a weight `w: [out, in]`, reading the weight
+/// once (CUDA's GEMV kernel); `None` off CUDA or for shapes it does not take.
+pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::gemv_applies(x, w) {
+        return Ok(Some(x.contiguous()?.apply_op2_no_bwd(w, &super::cuda::Gemv)?));
+    }
+    let _ = (x, w);
+    Ok(None)
 }
 
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with

@@ -4,8 +4,8 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 /// `y = x Wᵀ + b` with `W: [out, in]` as stored by PyTorch. Decode and verification inputs
-/// (at most [`super::skinny::MAX_ROWS`] rows, f32 on the CPU) go through the kernel that
-/// reads `W` once; prefills and other devices through candle's matmul.
+/// (at most [`super::skinny::MAX_ROWS`] rows, f32 on the CPU; up to 8 rows on CUDA) go
+/// through kernels that read `W` once; prefills and other devices through candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// `[out, in]`.
@@ -34,6 +34,8 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = if super::skinny::applies(x, &self.weight) {
             super::skinny::skinny_matmul(x, &self.weight)?
+        } else if let Some(y) = super::fused::gemv(x, &self.weight)? {
+            y
         } else {
             x.matmul(&self.weight.t()?)?
         };

@@ -25,5 +25,5 @@ pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
-pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout};
+pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout, GRAPH_MAX_ROWS};
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

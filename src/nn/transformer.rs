@@ -86,6 +86,10 @@ pub struct DecoderSpec {
     pub lm_head: String,
 }
 
+/// Longest block a recorded CUDA graph step takes (decode steps and verification blocks up
+/// to γ = 15); longer blocks are prefills and take the ordinary path.
+pub const GRAPH_MAX_ROWS: usize = 16;
+
 /// One transformer block.
 #[derive(Debug)]
 struct Block {
@@ -435,7 +439,7 @@ impl Decoder {
         last: bool,
     ) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if let Some(logits) = self.forward_graphed(tokens, cache)? {
+        if let Some(logits) = self.forward_graphed(tokens, cache, last)? {
             return Ok(logits);
         }
         let offset = cache.offset();
@@ -466,16 +470,23 @@ impl Decoder {
         Ok(logits)
     }
 
-    /// A one-token step as a replayed CUDA graph (recorded on first use for the cache's
+    /// A step of at most [`GRAPH_MAX_ROWS`] tokens (a decode step, a verification block) as
+    /// a replayed CUDA graph (recorded on first use per block length for the cache's
     /// buffers), when graphs are on, the model runs on CUDA and every layer is a full-
     /// attention KV cache with room reserved in place; `None` sends the caller down the
     /// ordinary path. The cache advances by the step on success.
     #[cfg(feature = "cuda")]
-    fn forward_graphed(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Option<Tensor>> {
+    fn forward_graphed(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<Option<Tensor>> {
         let candle_core::Device::Cuda(dev) = self.embed.device() else {
             return Ok(None);
         };
-        if tokens.len() != 1 || !super::fused::graphs_enabled() {
+        let t = tokens.len();
+        if t > GRAPH_MAX_ROWS || !super::fused::graphs_enabled() {
             return Ok(None);
         }
         let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
@@ -487,7 +498,9 @@ impl Decoder {
             key.push(cos.dim(0)? as u64);
         }
         let len = (cache.offset() + tokens.len()) as u32;
-        let logits = self.graphs.run(dev, key, tokens, len, |ids, len| {
+        // One recording per block length and output kind.
+        let slot = 2 * t + usize::from(last && t > 1);
+        let logits = self.graphs.run(dev, slot, key, tokens, len, |ids, len| {
             let mut x = self.embed.index_select(ids, 0)?;
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
@@ -495,6 +508,9 @@ impl Decoder {
             for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
                 x = block
                     .forward_with(&x, |attn, normed| attn.forward_in_place(normed, k, v, len))?;
+            }
+            if last {
+                x = x.narrow(0, t - 1, 1)?;
             }
             self.head(&x)
         })?;

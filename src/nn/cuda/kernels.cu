@@ -108,14 +108,25 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     l = l * corr + warp_sum(p);
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] *= corr;
+    // Value rows in batches of 8 independent loads (rows past `hi` are not read; rows
+    // below `lo` are cache rows with probability 0).
     const int n = min(32, hi - tile);
-    for (int jj = 0; jj < n; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-      if (pj != 0.f) {
-        float vv[E];
-        load_vec<T, E>(vb + (long)(tile + jj) * D, vv);
+    for (int base = 0; base < n; base += 8) {
+      float vv[8][E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] += pj * vv[e];
+      for (int u = 0; u < 8; ++u) {
+        if (base + u < n) {
+          load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) vv[u][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float pj = __shfl_sync(0xffffffffu, p, base + u);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] += pj * vv[u][e];
       }
     }
     m = m_new;
@@ -309,3 +320,91 @@ __device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restr
 ROPE_STORE(rope_store_f32, float)
 ROPE_STORE(rope_store_bf16, __nv_bfloat16)
 ROPE_STORE(rope_store_f16, __half)
+
+// y[r, o] = sum_i x[r, i] w[o, i] for a few rows r < R: the product of decode and
+// verification steps, where reading w once is the whole cost. One warp per OUTS consecutive
+// outputs (each slice of x a lane loads, small and cached, serves OUTS rows of w); lanes
+// walk the rows of w in 16-byte loads, UNROLL chunks deep so several are in flight; sums in
+// f32. Every lane adds its chunks in increasing order and the warp sum is the same tree, so
+// a row's result does not depend on R, OUTS or UNROLL: a 1-row decode and a verification
+// block give bitwise the same logits for the same row.
+// Grid: x = out / (OUTS * GEMV_WARPS) (rounded up). Block: GEMV_WARPS warps.
+constexpr int GEMV_WARPS = 4;
+template <typename T, int R, int OUTS, int UNROLL>
+__device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
+                     int in, int out) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int STEP = 32 * V;
+  const int lane = threadIdx.x % 32;
+  const int o0 = (blockIdx.x * GEMV_WARPS + threadIdx.x / 32) * OUTS;
+  if (o0 >= out) return;
+  float acc[OUTS][R];
+#pragma unroll
+  for (int k = 0; k < OUTS; ++k)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[k][r] = 0.f;
+  int c = lane * V;
+  for (; c + (UNROLL - 1) * STEP < in; c += UNROLL * STEP) {
+    float wv[UNROLL][OUTS][V];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int k = 0; k < OUTS; ++k)
+        load_vec<T, V>(w + (long)(o0 + k) * in + c + u * STEP, wv[u][k]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float xv[V];
+        load_vec<T, V>(x + (long)r * in + c + u * STEP, xv);
+#pragma unroll
+        for (int k = 0; k < OUTS; ++k)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[k][r] += wv[u][k][e] * xv[e];
+      }
+  }
+  for (; c < in; c += STEP) {
+    float wv[OUTS][V];
+#pragma unroll
+    for (int k = 0; k < OUTS; ++k) load_vec<T, V>(w + (long)(o0 + k) * in + c, wv[k]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float xv[V];
+      load_vec<T, V>(x + (long)r * in + c, xv);
+#pragma unroll
+      for (int k = 0; k < OUTS; ++k)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[k][r] += wv[k][e] * xv[e];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < OUTS; ++k)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = warp_sum(acc[k][r]);
+      if (lane == 0) y[(long)r * out + o0 + k] = from_f32<T>(s);
+    }
+}
+
+// One and two rows: one output per warp, 4 chunks deep (the most loads in flight); more
+// rows: 4 outputs per warp, 2 deep (x's reloads per w byte, not w's latency, limit those).
+#define GEMV(NAME, T, R)                                                                       \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
+      NAME(const T *x, const T *w, T *y, int in, int out) {                                    \
+    if (R <= 2)                                                                                \
+      gemv<T, R, 1, 4>(x, w, y, in, out);                                                      \
+    else                                                                                       \
+      gemv<T, R, 4, 2>(x, w, y, in, out);                                                      \
+  }
+#define GEMV_ROWS(T, NAME)                                                                     \
+  GEMV(gemv_##NAME##_r1, T, 1)                                                                 \
+  GEMV(gemv_##NAME##_r2, T, 2)                                                                 \
+  GEMV(gemv_##NAME##_r3, T, 3)                                                                 \
+  GEMV(gemv_##NAME##_r4, T, 4)                                                                 \
+  GEMV(gemv_##NAME##_r5, T, 5)                                                                 \
+  GEMV(gemv_##NAME##_r6, T, 6)                                                                 \
+  GEMV(gemv_##NAME##_r7, T, 7)                                                                 \
+  GEMV(gemv_##NAME##_r8, T, 8)
+GEMV_ROWS(float, f32)
+GEMV_ROWS(__nv_bfloat16, bf16)
+GEMV_ROWS(__half, f16)
