@@ -16,6 +16,8 @@ const WARPS: u32 = 4;
 /// Keys per split of [`SplitAttention`]: one 32-key tile per warp, so a short cache still
 /// spreads over blocks and an 8k cache's partial results stay a few MB.
 pub const SPLIT_LEN: usize = 128;
+/// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
+const MAX_SPLITS: usize = 1024;
 
 /// Attention of the `t` newest positions over a KV cache, in two kernels (per-split partial
 /// softmax, then the combine), reading K/V once in place: no copy of the cache, no mask
@@ -59,7 +61,8 @@ impl SplitAttention {
         let (vd, vs) = dims4(vl, "v")?;
         let [_, heads, t, d] = qd;
         let [_, kv_heads, len, kdim] = kd;
-        if vd != kd || vs != ks || kdim != d || ks[2] != d || kv_heads == 0 {
+        // Dim 0 has size 1: its stride is whatever the buffer's was and is never used.
+        if vd != kd || vs[1..] != ks[1..] || kdim != d || ks[2] != d || kv_heads == 0 {
             candle_core::bail!("split attention: k {kd:?}/{ks:?} and v {vd:?}/{vs:?} must be equal cache views of head_dim {d}");
         }
         if heads % kv_heads != 0 || t == 0 || t > len {
@@ -67,7 +70,10 @@ impl SplitAttention {
         }
         let group = heads / kv_heads;
         let max_len = self.len.as_ref().map_or(len, |(_, m)| *m);
-        let splits = max_len.div_ceil(SPLIT_LEN);
+        // Whole 128-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
+        // weight per split in shared memory).
+        let split_len = SPLIT_LEN * max_len.div_ceil(SPLIT_LEN * MAX_SPLITS).max(1);
+        let splits = max_len.div_ceil(split_len);
         // SAFETY: every block writes its whole partial row (empty splits included).
         let part = unsafe { dev.alloc::<f32>(t * heads * splits * (d + 2))? };
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
@@ -94,7 +100,7 @@ impl SplitAttention {
         let (len_arg, t_arg, heads_arg, group_arg) =
             (len as u32, t as i32, heads as i32, group as i32);
         let (q_head, q_row, kv_head) = (qs[1] as i64, qs[2] as i64, ks[1] as i64);
-        let (split_len, window) = (SPLIT_LEN as i32, self.window.unwrap_or(0) as i32);
+        let (split_len, window) = (split_len as i32, self.window.unwrap_or(0) as i32);
         let softcap = self.softcap.unwrap_or(0.0) as f32;
         b.arg(&len_arg).arg(&t_arg).arg(&heads_arg).arg(&group_arg);
         b.arg(&q_head).arg(&q_row).arg(&kv_head);
@@ -451,12 +457,12 @@ pub const GEMV_MAX_ROWS: usize = 8;
 /// Warps per block of `gemv` (`GEMV_WARPS` in kernels.cu).
 const GEMV_WARPS: usize = 4;
 /// Outputs per warp of `gemv` for `rows` rows (the `GEMV` macro in kernels.cu); `out` must
-/// be a multiple of 4.
+/// be a multiple of it (the caller asks for a multiple of 4).
 fn gemv_outs(rows: usize) -> usize {
     if rows <= 2 {
         1
     } else {
-        4
+        2
     }
 }
 
@@ -562,4 +568,171 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         && matches!(w.dtype(), candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32)
         && w.is_contiguous()
         && w.layout().start_offset() % vector == 0
+}
+
+/// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as
+/// `[t, inter]` (`silu_mul` in kernels.cu). Input of [`candle_core::CustomOp1`], contiguous.
+pub struct SiluMul;
+
+impl candle_core::CustomOp1 for SiluMul {
+    fn name(&self) -> &'static str {
+        "silu-mul"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("silu-mul runs on CUDA only")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+            dev: &CudaDevice,
+            name: &str,
+            gu: &CudaSlice<T>,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
+            let (Some((a, b)), [t, two]) = (l.contiguous_offsets(), l.dims()) else {
+                candle_core::bail!("silu-mul: input must be a contiguous [t, 2 * inter]");
+            };
+            let (t, inter) = (*t, *two / 2);
+            let n = t * inter;
+            // SAFETY: written in full by the kernel.
+            let y = unsafe { dev.alloc::<T>(n)? };
+            let func = dev.get_or_load_custom_func(&format!("silu_mul_{name}"), MODULE, PTX)?;
+            let gu = gu.slice(a..b);
+            let (inter_arg, n_arg) = (inter as i32, n as i64);
+            let mut bld = func.builder();
+            bld.arg(&gu).arg(&y).arg(&inter_arg).arg(&n_arg);
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(256).min(65_535) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `silu_mul`; a grid-stride loop over n = t * inter elements.
+            unsafe { bld.launch(cfg) }.w()?;
+            Ok((y, Shape::from((t, inter))))
+        }
+        let dev = s.device();
+        let (slice, shape) = match &s.slice {
+            CudaStorageSlice::BF16(x) => {
+                let (y, sh) = go(dev, "bf16", x, l)?;
+                (CudaStorageSlice::BF16(y), sh)
+            }
+            CudaStorageSlice::F16(x) => {
+                let (y, sh) = go(dev, "f16", x, l)?;
+                (CudaStorageSlice::F16(y), sh)
+            }
+            CudaStorageSlice::F32(x) => {
+                let (y, sh) = go(dev, "f32", x, l)?;
+                (CudaStorageSlice::F32(y), sh)
+            }
+            _ => candle_core::bail!("silu-mul: float input expected"),
+        };
+        Ok((
+            CudaStorage {
+                slice,
+                device: dev.clone(),
+            },
+            shape,
+        ))
+    }
+}
+
+/// Residual add and RMSNorm in one pass: inputs `x`, `y: [t, h]`, `w: [h]` (contiguous);
+/// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in kernels.cu).
+pub struct AddRmsNorm {
+    /// The norm's epsilon.
+    pub eps: f32,
+}
+
+impl AddRmsNorm {
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        &self,
+        dev: &CudaDevice,
+        name: &str,
+        (x, xl): (&CudaSlice<T>, &Layout),
+        (y, yl): (&CudaSlice<T>, &Layout),
+        (w, wl): (&CudaSlice<T>, &Layout),
+    ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
+        let (Some((x0, x1)), Some((y0, y1)), Some((w0, w1))) = (
+            xl.contiguous_offsets(),
+            yl.contiguous_offsets(),
+            wl.contiguous_offsets(),
+        ) else {
+            candle_core::bail!("add-rmsnorm: inputs must be contiguous");
+        };
+        let [t, h] = xl.dims() else {
+            candle_core::bail!("add-rmsnorm: x must be [t, h]");
+        };
+        let (t, h) = (*t, *h);
+        if yl.dims() != xl.dims() || wl.dims() != [h] {
+            candle_core::bail!("add-rmsnorm: y {:?} and w {:?} do not fit x {:?}", yl.dims(), wl.dims(), xl.dims());
+        }
+        // SAFETY: written in full by the kernel.
+        let out = unsafe { dev.alloc::<T>(2 * t * h)? };
+        let func = dev.get_or_load_custom_func(&format!("add_rmsnorm_{name}"), MODULE, PTX)?;
+        let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
+        let (t_arg, h_arg) = (t as i32, h as i32);
+        let mut b = func.builder();
+        b.arg(&x).arg(&y).arg(&w).arg(&out).arg(&t_arg).arg(&h_arg).arg(&self.eps);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (1024.min(h.next_multiple_of(32)) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `add_rmsnorm`; block i touches row i of x, y and both halves of out.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((out, Shape::from((2, t, h))))
+    }
+}
+
+impl CustomOp3 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "add-rmsnorm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("add-rmsnorm runs on CUDA only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        y: &CudaStorage,
+        yl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let dev = x.device();
+        let (slice, shape) = match (&x.slice, &y.slice, &w.slice) {
+            (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(y), CudaStorageSlice::BF16(w)) => {
+                let (o, s) = self.launch(dev, "bf16", (x, xl), (y, yl), (w, wl))?;
+                (CudaStorageSlice::BF16(o), s)
+            }
+            (CudaStorageSlice::F16(x), CudaStorageSlice::F16(y), CudaStorageSlice::F16(w)) => {
+                let (o, s) = self.launch(dev, "f16", (x, xl), (y, yl), (w, wl))?;
+                (CudaStorageSlice::F16(o), s)
+            }
+            (CudaStorageSlice::F32(x), CudaStorageSlice::F32(y), CudaStorageSlice::F32(w)) => {
+                let (o, s) = self.launch(dev, "f32", (x, xl), (y, yl), (w, wl))?;
+                (CudaStorageSlice::F32(o), s)
+            }
+            _ => candle_core::bail!("add-rmsnorm: x, y, w must share a float dtype"),
+        };
+        Ok((
+            CudaStorage {
+                slice,
+                device: dev.clone(),
+            },
+            shape,
+        ))
+    }
 }

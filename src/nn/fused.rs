@@ -110,6 +110,37 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(None)
 }
 
+/// `silu(gate) * up` of a fused `[t, 2 * inter]` gate/up product in one pass on CUDA; `None`
+/// elsewhere.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if gate_up.device().is_cuda() && gate_up.rank() == 2 && gate_up.dim(1)? % 2 == 0 {
+        return Ok(Some(gate_up.contiguous()?.apply_op1_no_bwd(&super::cuda::SiluMul)?));
+    }
+    let _ = gate_up;
+    Ok(None)
+}
+
+/// `(x + y, rmsnorm(x + y) * weight)` in one pass on CUDA for `x`, `y: [t, h]`; `None`
+/// elsewhere.
+pub fn add_rmsnorm(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+) -> Result<Option<(Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && x.rank() == 2 && x.dims() == y.dims() {
+        let op = super::cuda::AddRmsNorm { eps };
+        let out = x
+            .contiguous()?
+            .apply_op3_no_bwd(&y.contiguous()?, &weight.contiguous()?, &op)?;
+        return Ok(Some((out.get(0)?, out.get(1)?)));
+    }
+    let _ = (x, y, weight, eps);
+    Ok(None)
+}
+
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with
 /// cudarc's per-tensor event tracking off: with one stream, stream order already orders
 /// every use of a tensor, and the events cost a record and a wait per operand of every

@@ -78,6 +78,17 @@ impl RmsNorm {
         )?)
     }
 
+    /// `(x + y, norm(x + y))`: the residual add before this norm, fused with it where the
+    /// device has a kernel.
+    pub fn add_forward(&self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
+        if let Some(pair) = super::fused::add_rmsnorm(x, y, &self.weight, self.eps)? {
+            return Ok(pair);
+        }
+        let sum = (x + y)?;
+        let normed = self.forward(&sum)?;
+        Ok((sum, normed))
+    }
+
     /// Parameters held.
     pub fn param_count(&self) -> usize {
         self.weight.elem_count()

@@ -70,9 +70,18 @@ impl GatedMlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate_up = self.gate_up.forward(x)?;
         profile::mark("gate/up projection", &gate_up)?;
-        let gate = gate_up.narrow(1, 0, self.intermediate)?;
-        let up = gate_up.narrow(1, self.intermediate, self.intermediate)?;
-        let h = (self.act.apply(&gate)? * up)?;
+        let fused = match self.act {
+            Activation::Silu => super::fused::silu_mul(&gate_up)?,
+            _ => None,
+        };
+        let h = match fused {
+            Some(h) => h,
+            None => {
+                let gate = gate_up.narrow(1, 0, self.intermediate)?;
+                let up = gate_up.narrow(1, self.intermediate, self.intermediate)?;
+                (self.act.apply(&gate)? * up)?
+            }
+        };
         profile::mark("activation", &h)?;
         let out = self.down.forward(&h)?;
         profile::mark("down projection", &out)?;

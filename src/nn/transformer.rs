@@ -116,8 +116,7 @@ impl Block {
         profile::mark("norms, residual adds", &normed)?;
         let h = attend(&self.attn, &normed)?;
         let h = post_norm(&self.attn_post_norm, h)?;
-        let x = (x + h)?;
-        let normed = self.mlp_norm.forward(&x)?;
+        let (x, normed) = self.mlp_norm.add_forward(x, &h)?;
         profile::mark("norms, residual adds", &normed)?;
         let h = self.mlp.forward(&normed)?;
         let h = post_norm(&self.mlp_post_norm, h)?;

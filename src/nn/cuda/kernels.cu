@@ -163,23 +163,44 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 }
 
 // Part 2: combines the splits of each (row, head) into out[row, head * d + e].
-// Grid: x = t * heads (row-major: row * heads + head). Block: d threads.
+// Grid: x = t * heads (row-major: row * heads + head). Block: d threads. The splits' maxima
+// and sums are staged in shared memory by all threads at once (one round of independent
+// loads, not a chain of `splits` dependent ones), then every thread sums its dimension.
+constexpr int MAX_SPLITS = 1024;
 template <typename T>
 __device__ void attn_combine(const float *__restrict__ part, T *__restrict__ out, int splits,
                              int d) {
+  __shared__ float weight[MAX_SPLITS];
+  __shared__ float red[32];
   const int rh = blockIdx.x, e = threadIdx.x;
   const float *p = part + (long)rh * splits * (d + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (d + 2)]);
-  float L = 0.f, a = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = p[s * (d + 2)];
-    if (ms > -INFINITY) {
-      const float w = __expf(ms - M);
-      L += p[s * (d + 2) + 1] * w;
-      a += p[s * (d + 2) + 2 + e] * w;
-    }
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    weight[s] = p[(long)s * (d + 2)];
+    m = fmaxf(m, weight[s]);
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();
+  float l = 0.f;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    const float ms = weight[s];
+    const float wgt = ms > -INFINITY ? __expf(ms - M) : 0.f;
+    weight[s] = wgt;
+    l += p[(long)s * (d + 2) + 1] * wgt;
+  }
+  l = warp_sum(l);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = l;
+  __syncthreads();
+  float L = 0.f;
+  for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) L += red[w];
+  float a = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < splits; ++s) a += p[(long)s * (d + 2) + 2 + e] * weight[s];
   out[(long)rh * d + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
 }
 
@@ -234,22 +255,37 @@ __device__ void causal_softmax(T *__restrict__ x, int rows, int keys, int first,
     const float s = to_f32(p[j]);
     return softcap > 0.f ? tanhf(s / softcap) * softcap : s;
   };
-  float m = -INFINITY;
-  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) m = fmaxf(m, logit(j));
+  // One pass for the max and the sum (online: each thread rescales its running sum when
+  // its max grows), then the threads' pairs combine.
+  float m = -INFINITY, sum = 0.f;
+  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    const float s = logit(j);
+    if (s > m) {
+      sum = sum * __expf(m - s) + 1.f;
+      m = s;
+    } else {
+      sum += __expf(s - m);
+    }
+  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) red[warp] = m;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float mm = fmaxf(m, m2);
+    sum = (m == -INFINITY ? 0.f : sum * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+    m = mm;
+  }
+  __shared__ float red_s[32];
+  if (lane == 0) {
+    red[warp] = m;
+    red_s[warp] = sum;
+  }
   __syncthreads();
   m = -INFINITY;
   for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
-  __syncthreads();
-  float sum = 0.f;
-  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) sum += __expf(logit(j) - m);
-  sum = warp_sum(sum);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
   sum = 0.f;
-  for (int w = 0; w < warps; ++w) sum += red[w];
+  for (int w = 0; w < warps; ++w)
+    if (red[w] > -INFINITY) sum += red_s[w] * __expf(red[w] - m);
   const float inv = 1.f / sum;
   for (int j = threadIdx.x; j < keys; j += blockDim.x) {
     const float prob = (j >= lo && j < hi) ? __expf(logit(j) - m) * inv : 0.f;
@@ -387,14 +423,14 @@ __device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__rest
 }
 
 // One and two rows: one output per warp, 4 chunks deep (the most loads in flight); more
-// rows: 4 outputs per warp, 2 deep (x's reloads per w byte, not w's latency, limit those).
+// rows: 2 outputs per warp, 4 deep (each x slice loaded serves two rows of w).
 #define GEMV(NAME, T, R)                                                                       \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
       NAME(const T *x, const T *w, T *y, int in, int out) {                                    \
     if (R <= 2)                                                                                \
       gemv<T, R, 1, 4>(x, w, y, in, out);                                                      \
     else                                                                                       \
-      gemv<T, R, 4, 2>(x, w, y, in, out);                                                      \
+      gemv<T, R, 2, 4>(x, w, y, in, out);                                                      \
   }
 #define GEMV_ROWS(T, NAME)                                                                     \
   GEMV(gemv_##NAME##_r1, T, 1)                                                                 \
@@ -408,3 +444,60 @@ __device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__rest
 GEMV_ROWS(float, f32)
 GEMV_ROWS(__nv_bfloat16, bf16)
 GEMV_ROWS(__half, f16)
+
+// Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
+// gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.
+template <typename T>
+__device__ void silu_mul(const T *__restrict__ gu, T *__restrict__ y, int inter, long n) {
+  for (long idx = blockIdx.x * (long)blockDim.x + threadIdx.x; idx < n;
+       idx += (long)gridDim.x * blockDim.x) {
+    const long r = idx / inter, i = idx % inter;
+    const float g = to_f32(gu[r * 2 * inter + i]), u = to_f32(gu[r * 2 * inter + inter + i]);
+    y[idx] = from_f32<T>(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+#define SILU_MUL(NAME, T)                                                                      \
+  extern "C" __global__ void NAME(const T *gu, T *y, int inter, long n) {                     \
+    silu_mul<T>(gu, y, inter, n);                                                              \
+  }
+SILU_MUL(silu_mul_f32, float)
+SILU_MUL(silu_mul_bf16, __nv_bfloat16)
+SILU_MUL(silu_mul_f16, __half)
+
+// Residual add then RMSNorm of the sum, one block per row: s = x + y (rounded to T, as the
+// separate add would), out = s / sqrt(mean(s^2) + eps) * w. Writes s to out[0] and the norm
+// to out[1] of a [2, t, h] output.
+template <typename T>
+__device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
+                            const T *__restrict__ w, T *__restrict__ out, int t, int h,
+                            float eps) {
+  const long row = blockIdx.x;
+  const T *xr = x + row * h, *yr = y + row * h;
+  T *sr = out + row * h, *nr = out + ((long)t + row) * h;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < h; i += blockDim.x) {
+    const T s = from_f32<T>(to_f32(xr[i]) + to_f32(yr[i]));
+    sr[i] = s;
+    const float f = to_f32(s);
+    ss += f * f;
+  }
+  __shared__ float red[32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
+  const float scale = rsqrtf(ss / h + eps);
+  for (int i = threadIdx.x; i < h; i += blockDim.x)
+    nr[i] = from_f32<T>(to_f32(sr[i]) * scale * to_f32(w[i]));
+}
+
+#define ADD_RMSNORM(NAME, T)                                                                   \
+  extern "C" __global__ void NAME(const T *x, const T *y, const T *w, T *out, int t, int h,   \
+                                  float eps) {                                                 \
+    add_rmsnorm<T>(x, y, w, out, t, h, eps);                                                   \
+  }
+ADD_RMSNORM(add_rmsnorm_f32, float)
+ADD_RMSNORM(add_rmsnorm_bf16, __nv_bfloat16)
+ADD_RMSNORM(add_rmsnorm_f16, __half)
