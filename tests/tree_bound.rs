@@ -1,7 +1,7 @@
 //! The full-tree bound of greedy tree speculation on the shipped trained pair: computed from
-//! one teacher-forced draft pass, it predicts the chain's verification steps exactly (width
-//! 1) and those of the full binary tree (width 2, budget 2 + 4 + 8 + 16 = 30 at γ = 4), and
-//! no width-2 tree under a smaller budget needs fewer steps.
+//! one teacher-forced draft pass, it predicts exactly the verification steps of the chain
+//! (width 1) and of the full binary tree (width 2 at γ = 4: 2, 4, 8 and 16 nodes per level,
+//! budget 30), and no width-2 tree under a smaller budget needs fewer steps.
 use std::path::Path;
 use std::sync::Arc;
 
