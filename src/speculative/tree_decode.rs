@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// Tree settings of a speculative generation (the depth is the step's γ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeParams {
-    /// Children per expanded node and nodes expanded per level (1 = chain).
+    /// Children per expanded node (1 = chain).
     pub width: usize,
     /// Most drafted nodes per step.
     pub budget: usize,
