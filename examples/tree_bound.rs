@@ -51,8 +51,10 @@ fn main() -> anyhow::Result<()> {
         gamma: GammaPolicy::Fixed(1),
         stop_at_eos: config.stop_at_eos,
     };
-    // Per width: tokens after the prefill's first, and verification steps (τ's terms).
+    // Per width: tokens after the prefill's first, and verification steps (τ's terms);
+    // those tokens that are among the draft's top `width`.
     let (mut tokens, mut steps) = (0usize, [0usize; WIDTHS.len()]);
+    let mut within = [0usize; WIDTHS.len()];
     for p in load_prompts(&config.dataset)? {
         let prompt = encode_prompt(&tokenizer, &p, template.as_ref())?;
         let mut cache = target.new_cache(RotatingStrategy::Staged)?;
@@ -60,17 +62,25 @@ fn main() -> anyhow::Result<()> {
         let output = autoregressive(&target, &mut cache, &prompt, &params, &mut rng)?.output_ids;
         let ranks = draft_ranks(&draft, &prompt, &output)?;
         tokens += output.len().saturating_sub(1);
-        for (s, &w) in steps.iter_mut().zip(&WIDTHS) {
-            *s += full_tree_steps(&ranks, w, gamma, config.max_new_tokens);
+        for (i, &w) in WIDTHS.iter().enumerate() {
+            steps[i] += full_tree_steps(&ranks, w, gamma, config.max_new_tokens);
+            within[i] += ranks.iter().skip(1).filter(|&&r| r < w).count();
         }
     }
     let chain = tokens as f64 / steps[0] as f64;
     println!("{path}, γ = {gamma}, drafter {drafter}: full tree of the draft's top-width children");
-    println!("| width | nodes | τ bound | / chain τ |\n|---:|---:|---:|---:|");
-    for (&w, &s) in WIDTHS.iter().zip(&steps) {
-        let tau = tokens as f64 / s as f64;
+    println!(
+        "| width | target token in the draft's top width | nodes | τ bound | / chain τ |\n\
+         |---:|---:|---:|---:|---:|"
+    );
+    for (i, &w) in WIDTHS.iter().enumerate() {
+        let tau = tokens as f64 / steps[i] as f64;
+        let share = 100.0 * within[i] as f64 / tokens as f64;
         let nodes: usize = (1..=gamma as u32).map(|d| w.pow(d)).sum();
-        println!("| {w} | {nodes} | {tau:.3} | {:.3} |", tau / chain);
+        println!(
+            "| {w} | {share:.1}% | {nodes} | {tau:.3} | {:.3} |",
+            tau / chain
+        );
     }
     Ok(())
 }
