@@ -94,8 +94,8 @@ type Frontier = Vec<(Option<usize>, Vec<f32>)>;
 impl Growing {
     /// `top[i]`: whether node `i` is among the `budget` most probable nodes (cumulative
     /// probability, ties to the earlier node). Closed under ancestors: a parent is drafted
-    /// before its children and its cumulative probability is at least theirs (a product
-    /// with a factor ≤ 1 never rounds up).
+    /// before its children and its cumulative probability is at least theirs (see
+    /// [`Growing::grow`]).
     fn top(&self, budget: usize) -> Vec<bool> {
         let mut order: Vec<usize> = (0..self.tree.len()).collect();
         order.sort_by(|&a, &b| self.cum[b].total_cmp(&self.cum[a]).then(a.cmp(&b)));
@@ -187,7 +187,8 @@ impl Growing {
                 self.tree.tokens.push(token);
                 self.tree.parents.push(*parent);
                 self.tree.child_q.push(None);
-                self.cum.push(parent_cum * prob);
+                // Never above the parent's, which keeps `top` closed under ancestors.
+                self.cum.push((parent_cum * prob).min(parent_cum));
                 self.block_of.push(None);
             }
         }
