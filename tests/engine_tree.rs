@@ -6,12 +6,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
+mod common;
+
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, ModelDrafter,
-    NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, LanguageModel,
+    ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
 fn load(name: &str) -> Model {
@@ -140,5 +142,48 @@ fn width_one_is_the_chain(confidence: Option<f32>) {
             chain.proposed.iter().any(|&p| p < 4),
             "the threshold stops some chains early"
         );
+    }
+}
+
+/// The target drafting for itself (twin models, every path of its top children accepted), each
+/// early output token in turn declared the end of sequence: accepted paths run on past the
+/// EOS, and the generation must still end there with the cache holding exactly the committed
+/// tokens, as the chain loop does.
+#[test]
+fn an_eos_inside_an_accepted_path_ends_the_generation() {
+    for (seed, window) in [(1, None), (2, Some(5))] {
+        let toy = || common::Toy::new(40, 16, seed, 3.0, window);
+        let reference = toy();
+        let mut cache = reference.new_cache(RotatingStrategy::Staged).unwrap();
+        let mut rng = StdRng::seed_from_u64(0);
+        let full = autoregressive(&reference, &mut cache, &[4, 2], &greedy(40, 1), &mut rng)
+            .unwrap()
+            .output_ids;
+        for &eos in full.iter().take(10) {
+            let target = toy().with_eos(vec![eos]);
+            let twin = Arc::new(toy());
+            let mut cache = target.new_cache(RotatingStrategy::Staged).unwrap();
+            let ar =
+                autoregressive(&target, &mut cache, &[4, 2], &greedy(40, 1), &mut rng).unwrap();
+            for strategy in [
+                RotatingStrategy::Staged,
+                RotatingStrategy::Slack { max_draft: 12 },
+            ] {
+                let mut cache = target.new_cache(strategy).unwrap();
+                let mut d = ModelDrafter::new("twin", twin.clone(), strategy, None).unwrap();
+                let sp = speculative_tree(
+                    &target,
+                    &mut cache,
+                    &mut d,
+                    &[4, 2],
+                    &greedy(40, 6),
+                    &tree(2, 12),
+                    &mut rng,
+                )
+                .unwrap_or_else(|e| panic!("eos {eos}, {strategy:?}: {e}"));
+                assert_eq!(sp.output_ids, ar.output_ids, "eos {eos}, {strategy:?}");
+                assert_eq!(sp.stop_reason, ar.stop_reason, "eos {eos}, {strategy:?}");
+            }
+        }
     }
 }

@@ -5,13 +5,16 @@
 //! caches of both strategies, at T = 1 and with top-k and top-p, and with the draft model's
 //! confidence threshold pruning the tree. The same test must reject
 //! the naive rule that keeps `p` unchanged after a sibling is rejected, and the draft's own
-//! distribution, which shows it has power.
+//! distribution, which shows it has power. The exact distribution and the test are the chain
+//! tests' harness (`tests/distribution`), independent of `SamplingParams::probs`.
 mod common;
+mod distribution;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::Toy;
+use distribution::{exact_sequences, judge, Judgement};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
@@ -22,74 +25,21 @@ use specdec::speculative::{
 const VOCAB: usize = 5;
 const RUNS: usize = 6000;
 const NEW: usize = 3;
-/// Upper-tail quantile of the standard normal for significance 0.001.
-const Z_001: f64 = 3.090_232;
 
-/// Chi-square critical value for `df` degrees of freedom at significance 0.001
-/// (Wilson–Hilferty approximation, accurate to well under 1% for df ≥ 3).
-fn critical(df: usize) -> f64 {
-    let d = df as f64;
-    let t = 1.0 - 2.0 / (9.0 * d) + Z_001 * (2.0 / (9.0 * d)).sqrt();
-    d * t * t * t
-}
-
-/// Exact probability of every sequence of `new` tokens after `prompt` under `model`.
-fn exact(
+/// The harness's chi-square verdict (significance 0.001) on `observed` against the exact
+/// distribution of `new` tokens after `prompt` under `model`.
+fn verdict(
+    observed: &HashMap<Vec<u32>, usize>,
     model: &Toy,
     prompt: &[u32],
     sampling: &SamplingParams,
     new: usize,
-) -> HashMap<Vec<u32>, f64> {
-    let mut dist = HashMap::from([(Vec::new(), 1.0)]);
-    for _ in 0..new {
-        let mut next = HashMap::new();
-        for (seq, p) in dist {
-            let mut ctx = prompt.to_vec();
-            ctx.extend(&seq);
-            let probs = sampling.probs(&model.last_logits(&ctx));
-            for (t, &q) in probs.iter().enumerate() {
-                if q > 0.0 {
-                    let mut s = seq.clone();
-                    s.push(t as u32);
-                    next.insert(s, p * q as f64);
-                }
-            }
-        }
-        dist = next;
-    }
-    dist
+) -> Judgement {
+    judge(observed, &exact_sequences(model, prompt, new, sampling))
 }
 
-/// Pearson's statistic over cells with expected count ≥ 5 (the rest pooled); returns
-/// (statistic, degrees of freedom).
-fn chi_square(
-    observed: &HashMap<Vec<u32>, usize>,
-    expected: &HashMap<Vec<u32>, f64>,
-) -> (f64, usize) {
-    let n = observed.values().sum::<usize>() as f64;
-    let (mut stat, mut cells) = (0.0, 0);
-    let (mut pooled_o, mut pooled_e) = (0.0, 0.0);
-    let mut keys: Vec<&Vec<u32>> = expected.keys().chain(observed.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    for key in keys {
-        let e = expected.get(key).copied().unwrap_or(0.0) * n;
-        let o = observed.get(key).copied().unwrap_or(0) as f64;
-        if e >= 5.0 {
-            stat += (o - e) * (o - e) / e;
-            cells += 1;
-        } else {
-            pooled_o += o;
-            pooled_e += e;
-        }
-    }
-    if pooled_e > 0.0 {
-        stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-        cells += 1;
-    } else if pooled_o > 0.0 {
-        stat = f64::INFINITY; // sequences the target cannot produce
-    }
-    (stat, cells - 1)
+fn consistent(j: &Judgement) -> bool {
+    matches!(j, Judgement::Consistent { .. })
 }
 
 const PROMPT: [u32; 2] = [1, 3];
@@ -196,16 +146,12 @@ fn sampled_tree_speculation_samples_the_target_distribution() {
                 new: NEW,
             };
             let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
-            let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, NEW));
+            let v = verdict(&observed, &target, &PROMPT, &sampling, NEW);
+            assert!(consistent(&v), "{strategy:?} {sampling:?}: {v:?}");
+            let v = verdict(&observed, &draft, &PROMPT, &sampling, NEW);
             assert!(
-                stat < critical(df),
-                "{strategy:?} {sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
-                critical(df)
-            );
-            let (stat, df) = chi_square(&observed, &exact(&draft, &PROMPT, &sampling, NEW));
-            assert!(
-                stat > critical(df),
-                "the test cannot tell target from draft: {stat:.1} (df {df})"
+                !consistent(&v),
+                "the test cannot tell target from draft: {v:?}"
             );
         }
     }
@@ -229,12 +175,8 @@ fn ngram_tree_speculation_samples_the_target_distribution() {
         };
         let strategy = RotatingStrategy::Staged;
         let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
-        let (stat, df) = chi_square(&observed, &exact(&target, &prompt, &sampling, NEW));
-        assert!(
-            stat < critical(df),
-            "{sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
-            critical(df)
-        );
+        let v = verdict(&observed, &target, &prompt, &sampling, NEW);
+        assert!(consistent(&v), "{sampling:?}: {v:?}");
     }
 }
 
@@ -251,12 +193,8 @@ fn an_unchanged_residual_is_rejected() {
         new: NEW,
     };
     let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Unchanged));
-    let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, NEW));
-    assert!(
-        stat > critical(df),
-        "the naive residual went unnoticed: chi-square {stat:.1} < {:.1} (df {df})",
-        critical(df)
-    );
+    let v = verdict(&observed, &target, &PROMPT, &sampling, NEW);
+    assert!(!consistent(&v), "the naive residual went unnoticed: {v:?}");
 }
 
 /// The draft model's confidence threshold prunes trees (no children below a node whose
@@ -303,11 +241,7 @@ fn a_confidence_threshold_keeps_the_target_distribution() {
             new: DEEP,
         };
         let observed = sample_runs(&mut case, strategy, sampling, tree(ResidualRule::Exact));
-        let (stat, df) = chi_square(&observed, &exact(&target, &PROMPT, &sampling, DEEP));
-        assert!(
-            stat < critical(df),
-            "{sampling:?}: chi-square {stat:.1} ≥ {:.1} (df {df})",
-            critical(df)
-        );
+        let v = verdict(&observed, &target, &PROMPT, &sampling, DEEP);
+        assert!(consistent(&v), "{sampling:?}: {v:?}");
     }
 }

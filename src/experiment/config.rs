@@ -384,7 +384,7 @@ pub struct SweepConfig {
     /// Bounds of `gamma = "adaptive"`.
     #[serde(default)]
     pub adaptive: AdaptiveGamma,
-    /// Draft tree widths: children per expanded node and nodes expanded per level (1 = chain).
+    /// Draft tree widths: children per expanded node (1 = chain).
     #[serde(default = "default_tree_width")]
     pub tree_width: List<usize>,
     /// Most drafted nodes per step of a tree (width > 1); default: γ (for adaptive γ, its

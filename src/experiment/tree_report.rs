@@ -57,7 +57,7 @@ pub fn tree_markdown(rows: &[PointSummary]) -> String {
             tree.label,
             num(chain.tau, 3),
             num(tree.tau, 3),
-            num(tau_ratio, 2),
+            num(tau_ratio, 3),
             chain.tokens_per_s,
             tree.tokens_per_s,
             num(tps_ratio, 2),

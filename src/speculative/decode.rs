@@ -97,7 +97,7 @@ impl Output<'_> {
 
     /// How many of `tokens` [`Output::push`] would take before the generation stops (all of
     /// them when it does not stop).
-    fn takes(&self, tokens: &[u32]) -> usize {
+    pub(super) fn takes(&self, tokens: &[u32]) -> usize {
         let room = self.params.max_new_tokens - self.record.output_ids.len();
         let eos = tokens
             .iter()
@@ -263,6 +263,79 @@ fn speculative_continue_with<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
+    speculative_loop(target, seq, drafter, prompt, params, rng, |step| {
+        let t_draft = Instant::now();
+        let draft =
+            step.drafter
+                .propose(step.context, step.max_drafts, &params.sampling, step.rng)?;
+        let drafts = draft.tokens().to_vec();
+        step.out.record.draft_s += t_draft.elapsed().as_secs_f64();
+
+        let t_verify = Instant::now();
+        let mut input = Vec::with_capacity(drafts.len() + 1);
+        input.extend(step.context.last().copied());
+        input.extend_from_slice(&drafts);
+        let mut spec = step.seq.cache_mut().speculate()?;
+        let logits = target.forward(&input, spec.cache())?;
+        step.out.record.target_forwards += 1;
+        let verdict =
+            verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, step.rng)?;
+        let mut tokens = drafts[..verdict.accepted].to_vec();
+        tokens.push(verdict.next);
+        spec.commit(step.out.takes(&tokens))?;
+        step.out.record.verify_s += t_verify.elapsed().as_secs_f64();
+
+        let t_finish = Instant::now();
+        draft.finish(verdict.accepted)?;
+        step.out.record.draft_s += t_finish.elapsed().as_secs_f64();
+        Ok(StepOutcome {
+            tokens,
+            proposed: drafts.len(),
+            accepted: verdict.accepted,
+        })
+    })
+}
+
+/// What a speculative step hands its loop.
+pub(super) struct Step<'s, 'o> {
+    /// The target's cache and committed tokens (every committed token but the last).
+    pub(super) seq: &'s mut CachedSequence,
+    pub(super) drafter: &'s mut dyn Drafter,
+    /// Every committed token (prompt included).
+    pub(super) context: &'s [u32],
+    /// Most drafts (tree depth) the step may propose: γ, less near `max_new_tokens` (a step
+    /// yields at most that many + 1 tokens).
+    pub(super) max_drafts: usize,
+    /// The output, for timings and [`Output::takes`].
+    pub(super) out: &'s mut Output<'o>,
+    pub(super) rng: &'s mut StdRng,
+}
+
+/// What a speculative step did.
+pub(super) struct StepOutcome {
+    /// The tokens it outputs: the accepted drafts, then the target's token. The target's
+    /// cache must have kept the K/V of the first [`Output::takes`] of them but the last
+    /// (whose K/V the next step computes): fewer than all when an EOS among the accepted
+    /// drafts ends the generation, as the tokens after it are never output.
+    pub(super) tokens: Vec<u32>,
+    /// Drafts proposed (a tree's depth) and accepted (the accepted path's length).
+    pub(super) proposed: usize,
+    pub(super) accepted: usize,
+}
+
+/// The loop shared by chain and tree speculation: prefills the target and the drafter,
+/// then runs `step` (draft, verify in one target forward, commit) until EOS or
+/// `max_new_tokens`, recording each step and adapting γ; afterwards `seq` holds every
+/// committed token but the last, and the record counts the drafter's forwards.
+pub(super) fn speculative_loop<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    params: &GenParams,
+    rng: &mut StdRng,
+    mut step: impl FnMut(Step<'_, '_>) -> Result<StepOutcome>,
+) -> Result<GenerationRecord> {
     let start = Instant::now();
     let draft_forwards = drafter.forwards();
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
@@ -272,36 +345,18 @@ fn speculative_continue_with<M: LanguageModel>(
     let mut gamma = params.gamma.first();
     let mut done = out.push(first);
     while !done {
-        // Never draft past max_new_tokens: a step yields at most γ + 1 tokens.
         let remaining = params.max_new_tokens - out.record.output_ids.len();
-        let t_draft = Instant::now();
-        let draft = drafter.propose(&context, gamma.min(remaining - 1), &params.sampling, rng)?;
-        let drafts = draft.tokens().to_vec();
-        out.record.draft_s += t_draft.elapsed().as_secs_f64();
-
-        let t_verify = Instant::now();
-        let mut input = Vec::with_capacity(drafts.len() + 1);
-        input.extend(context.last().copied());
-        input.extend_from_slice(&drafts);
-        let mut spec = seq.cache_mut().speculate()?;
-        let logits = target.forward(&input, spec.cache())?;
-        out.record.target_forwards += 1;
-        let verdict = verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, rng)?;
-        // The cache keeps the K/V of every token this step outputs but the last (whose K/V the
-        // next step computes): `accepted + 1`, fewer when an EOS among the accepted drafts
-        // ends the generation (the tokens after it are never output).
-        let mut step_tokens = drafts[..verdict.accepted].to_vec();
-        step_tokens.push(verdict.next);
-        spec.commit(out.takes(&step_tokens))?;
-        out.record.verify_s += t_verify.elapsed().as_secs_f64();
-
-        let t_finish = Instant::now();
-        draft.finish(verdict.accepted)?;
-        out.record.draft_s += t_finish.elapsed().as_secs_f64();
-
-        out.record.record_step(drafts.len(), verdict.accepted);
-        gamma = params.gamma.next(gamma, drafts.len(), verdict.accepted);
-        for &token in drafts[..verdict.accepted].iter().chain([&verdict.next]) {
+        let outcome = step(Step {
+            seq: &mut *seq,
+            drafter: &mut *drafter,
+            context: &context,
+            max_drafts: gamma.min(remaining - 1),
+            out: &mut out,
+            rng: &mut *rng,
+        })?;
+        out.record.record_step(outcome.proposed, outcome.accepted);
+        gamma = params.gamma.next(gamma, outcome.proposed, outcome.accepted);
+        for token in outcome.tokens {
             context.push(token);
             if out.push(token) {
                 done = true;

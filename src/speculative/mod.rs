@@ -18,6 +18,7 @@ mod oracle;
 mod prefill;
 mod sampling;
 mod tree;
+mod tree_bound;
 mod tree_decode;
 mod tree_draft;
 mod verify;
@@ -35,6 +36,7 @@ pub use oracle::{OracleDrafter, ReferenceStore};
 pub use prefill::{CachedSequence, PrefillStats, DEFAULT_CHECKPOINT_EVERY};
 pub use sampling::{argmax, sample, SamplingParams};
 pub use tree::{verify_tree, DraftTree, ResidualRule, TreeDraft, TreeShape, TreeVerdict};
+pub use tree_bound::{draft_ranks, full_tree_steps};
 pub use tree_decode::{speculative_tree, speculative_tree_continue, TreeParams};
 pub use verify::{verify, Lossless, Verdict, Verifier};
 

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 pub struct TreeShape {
     /// Most levels below the root (γ).
     pub depth: usize,
-    /// Children per expanded node, and nodes expanded per level.
+    /// Children per expanded node.
     pub width: usize,
     /// Most drafted nodes per step.
     pub budget: usize,

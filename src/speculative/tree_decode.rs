@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use rand::rngs::StdRng;
 
-use super::decode::{fresh_sequence, prefill, prefill_drafter, GenParams};
+use super::decode::{fresh_sequence, speculative_loop, GenParams, StepOutcome};
 use super::drafter::Drafter;
 use super::metrics::GenerationRecord;
 use super::prefill::CachedSequence;
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// Tree settings of a speculative generation (the depth is the step's γ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeParams {
-    /// Children per expanded node and nodes expanded per level (1 = chain).
+    /// Children per expanded node (1 = chain).
     pub width: usize,
     /// Most drafted nodes per step.
     pub budget: usize,
@@ -71,60 +71,51 @@ pub fn speculative_tree_continue<M: LanguageModel>(
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
     check_tree_params(tree_params)?;
-    let start = Instant::now();
-    let draft_forwards = drafter.forwards();
-    let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
-    prefill_drafter(drafter, prompt, &mut out.record)?;
-    let mut context = prompt.to_vec();
-    context.push(first);
-    let mut gamma = params.gamma.first();
-    let mut done = out.push(first);
-    while !done {
-        // Never draft past max_new_tokens: a step yields at most depth + 1 tokens.
-        let remaining = params.max_new_tokens - out.record.output_ids.len();
+    speculative_loop(target, seq, drafter, prompt, params, rng, |step| {
         let shape = TreeShape {
-            depth: gamma.min(remaining - 1),
+            depth: step.max_drafts,
             width: tree_params.width,
             budget: tree_params.budget,
         };
         let t_draft = Instant::now();
-        let draft = drafter.propose_tree(&context, shape, &params.sampling, rng)?;
+        let draft = step
+            .drafter
+            .propose_tree(step.context, shape, &params.sampling, step.rng)?;
         let tree = draft.tree();
-        out.record.draft_s += t_draft.elapsed().as_secs_f64();
+        step.out.record.draft_s += t_draft.elapsed().as_secs_f64();
 
         let t_verify = Instant::now();
         let mut input = Vec::with_capacity(tree.len() + 1);
-        input.extend(context.last().copied());
+        input.extend(step.context.last().copied());
         input.extend_from_slice(&tree.tokens);
-        let mut spec = seq.cache_mut().speculate()?;
+        let mut spec = step.seq.cache_mut().speculate()?;
         spec.extend_tree(&tree.block_parents())?;
         let logits = target.forward(&input, spec.cache())?;
-        out.record.target_forwards += 1;
-        let verdict = verify_tree(&logits, tree, &params.sampling, tree_params.residual, rng)?;
-        spec.commit_path(&verdict.block_path())?;
-        out.record.verify_s += t_verify.elapsed().as_secs_f64();
+        step.out.record.target_forwards += 1;
+        let verdict = verify_tree(
+            &logits,
+            tree,
+            &params.sampling,
+            tree_params.residual,
+            step.rng,
+        )?;
+        let mut tokens: Vec<u32> = verdict.path.iter().map(|&n| tree.tokens[n]).collect();
+        tokens.push(verdict.next);
+        // The root and the accepted nodes, cut where an EOS ends the generation.
+        let block_path = verdict.block_path();
+        spec.commit_path(&block_path[..step.out.takes(&tokens)])?;
+        step.out.record.verify_s += t_verify.elapsed().as_secs_f64();
 
-        let (depth, accepted) = (tree.depth(), verdict.path.len());
-        let mut new_tokens: Vec<u32> = verdict.path.iter().map(|&n| tree.tokens[n]).collect();
-        new_tokens.push(verdict.next);
+        let proposed = tree.depth();
         let t_finish = Instant::now();
         draft.finish(&verdict.path)?;
-        out.record.draft_s += t_finish.elapsed().as_secs_f64();
-
-        out.record.record_step(depth, accepted);
-        gamma = params.gamma.next(gamma, depth, accepted);
-        for token in new_tokens {
-            context.push(token);
-            if out.push(token) {
-                done = true;
-                break;
-            }
-        }
-    }
-    seq.finish(&context)?;
-    out.record.draft_forwards = drafter.forwards() - draft_forwards;
-    out.record.wall_s = start.elapsed().as_secs_f64();
-    Ok(out.record)
+        step.out.record.draft_s += t_finish.elapsed().as_secs_f64();
+        Ok(StepOutcome {
+            tokens,
+            proposed,
+            accepted: verdict.path.len(),
+        })
+    })
 }
 
 fn check_tree_params(tree_params: &TreeParams) -> Result<()> {

@@ -92,14 +92,60 @@ struct Growing {
 type Frontier = Vec<(Option<usize>, Vec<f32>)>;
 
 impl Growing {
+    /// `top[i]`: whether node `i` is among the `budget` most probable nodes (cumulative
+    /// probability, ties to the earlier node). Closed under ancestors: a parent is drafted
+    /// before its children and its cumulative probability is at least theirs (see
+    /// [`Growing::grow`]).
+    fn top(&self, budget: usize) -> Vec<bool> {
+        let mut order: Vec<usize> = (0..self.tree.len()).collect();
+        order.sort_by(|&a, &b| self.cum[b].total_cmp(&self.cum[a]).then(a.cmp(&b)));
+        let mut top = vec![false; self.tree.len()];
+        for &n in order.iter().take(budget) {
+            top[n] = true;
+        }
+        top
+    }
+
+    /// Keeps the nodes marked in `keep` (closed under ancestors), renumbered in order.
+    fn keep(&mut self, keep: &[bool]) {
+        let mut new_index = vec![None; self.tree.len()];
+        let mut next = 0;
+        for (i, slot) in new_index.iter_mut().enumerate() {
+            if keep[i] {
+                *slot = Some(next);
+                next += 1;
+            }
+        }
+        let kept = |i: &usize| keep[*i];
+        let all = 0..self.tree.len();
+        let tree = &self.tree;
+        self.tree = DraftTree {
+            tokens: all.clone().filter(kept).map(|i| tree.tokens[i]).collect(),
+            parents: all
+                .clone()
+                .filter(kept)
+                .map(|i| tree.parents[i].map(|p| new_index[p].expect("ancestors are kept")))
+                .collect(),
+            child_q: std::iter::once(tree.child_q[0].clone())
+                .chain(
+                    all.clone()
+                        .filter(kept)
+                        .map(|i| tree.child_q[i + 1].clone()),
+                )
+                .collect(),
+        };
+        self.cum = all.clone().filter(kept).map(|i| self.cum[i]).collect();
+        self.block_of = all.filter(kept).map(|i| self.block_of[i]).collect();
+    }
+
     fn parent_cum(&self, parent: Option<usize>) -> f32 {
         parent.map_or(1.0, |p| self.cum[p])
     }
 
-    /// Adds up to `share` children below `frontier` (at most `width` per node) and returns
-    /// the new nodes. Greedy: the `share` children of highest cumulative probability among
-    /// every node's `width` most likely tokens. Sampled: the counts are fixed before drawing,
-    /// `width` per node in frontier order, so the children stay i.i.d. draws from `q`.
+    /// Adds children below `frontier` and returns the new nodes. Greedy: every node's
+    /// `width` most likely tokens (`share` is ignored: the caller reranks). Sampled: `width`
+    /// i.i.d. draws from `q` per node in frontier order, `share` nodes in all, the counts
+    /// fixed before drawing so that the children stay i.i.d.
     fn grow(
         &mut self,
         frontier: &Frontier,
@@ -108,23 +154,15 @@ impl Growing {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Vec<usize> {
-        let mut counts = vec![0usize; frontier.len()];
+        let mut counts = vec![width; frontier.len()];
         let mut ranked: Vec<Vec<(u32, f32)>> = Vec::new();
         if sampling.is_greedy() {
             ranked = frontier
                 .iter()
                 .map(|(_, row)| pick_children(row, width, sampling, rng).0)
                 .collect();
-            for _ in 0..share {
-                let next = |i: usize| {
-                    let (parent, c) = (frontier[i].0, counts[i]);
-                    ranked[i].get(c).map(|&(_, p)| self.parent_cum(parent) * p)
-                };
-                let best = (0..frontier.len())
-                    .filter_map(|i| next(i).map(|v| (i, v)))
-                    .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
-                let Some((i, _)) = best else { break };
-                counts[i] += 1;
+            for (c, r) in counts.iter_mut().zip(&ranked) {
+                *c = r.len();
             }
         } else {
             let mut left = share;
@@ -149,7 +187,8 @@ impl Growing {
                 self.tree.tokens.push(token);
                 self.tree.parents.push(*parent);
                 self.tree.child_q.push(None);
-                self.cum.push(parent_cum * prob);
+                // Never above the parent's, which keeps `top` closed under ancestors.
+                self.cum.push((parent_cum * prob).min(parent_cum));
                 self.block_of.push(None);
             }
         }
@@ -158,15 +197,30 @@ impl Growing {
 }
 
 impl<M: LanguageModel> ModelDrafter<M> {
-    /// Drafts a tree of `shape` after `context`, level by level (dynamic expansion by
-    /// cumulative draft probability, as EAGLE-2): each level gets an equal share of the
-    /// remaining `budget` (`ceil(left / levels left)`), spent on the most probable children
-    /// (see [`Growing::grow`]); all new nodes but the last level's are then fed to the draft
-    /// model in ONE forward, inside the draft cache's speculation, as tree nodes (each sees
-    /// the history and its ancestors). Width 1 drafts exactly the chain
-    /// [`super::Drafter::propose`] drafts, with the same forwards, confidence threshold
-    /// included: below level 1, nodes whose largest draft probability is under it get no
-    /// children.
+    /// Drafts a tree of `shape` after `context`, level by level, with ONE draft forward per
+    /// level over the nodes chosen for expansion, inside the draft cache's speculation, as
+    /// tree nodes (each sees the history and its ancestors); the last level is never fed.
+    ///
+    /// Greedy (EAGLE-2's expand-then-rerank, Li et al. 2024): every expanded node gets its
+    /// `width` most likely tokens as children. A level's nodes are expanded (fed) when they
+    /// rank among the `budget` most probable nodes drafted so far (cumulative draft
+    /// probability), most probable first, at most `ceil(budget / depth)` per level and
+    /// `budget` per step (the draft speculation's block). After the last level the tree keeps
+    /// the `budget` most probable of all drafted nodes; a node's cumulative probability never
+    /// exceeds its parent's, so they form a tree. Without the caps it would be the `budget`
+    /// most probable nodes of the full tree of the draft's top-`width` children: a node among
+    /// those has its parent among the `budget` most probable when the parent's level is
+    /// expanded.
+    ///
+    /// Sampled: children must stay i.i.d. draws from `q` (multi-candidate verification is
+    /// exact only then), so none is dropped for its value: each level gets an equal share of
+    /// the remaining budget (`ceil(left / levels left)`), `width` draws per node in order of
+    /// cumulative probability, counts fixed before drawing (see [`Growing::grow`]), and every
+    /// new node but the last level's is fed.
+    ///
+    /// Width 1 drafts exactly the chain [`super::Drafter::propose`] drafts, with the same
+    /// forwards, confidence threshold included: below level 1, nodes whose largest draft
+    /// probability is under it get no children.
     pub(super) fn draft_tree<'a>(
         &'a mut self,
         context: &[u32],
@@ -182,9 +236,11 @@ impl<M: LanguageModel> ModelDrafter<M> {
             cum: Vec::new(),
             block_of: Vec::new(),
         };
-        let empty = shape.depth == 0 || shape.width == 0 || shape.budget == 0;
+        // No node deeper than the budget can be kept (its ancestors come first).
+        let depth = shape.depth.min(shape.budget);
+        let greedy = sampling.is_greedy();
         let mut frontier: Frontier = Vec::new();
-        if !empty && !context.is_empty() {
+        if depth > 0 && shape.width > 0 && !context.is_empty() {
             // Committed tokens the draft has not seen yet (at least the last one).
             let logits = self.sync(context)?;
             frontier.extend(rows(&logits)?.pop().map(|row| (None, row)));
@@ -192,21 +248,32 @@ impl<M: LanguageModel> ModelDrafter<M> {
         let threshold = self.confidence;
         let (cache, held) = self.seq.parts();
         let mut spec = cache.speculate()?;
-        for level in 1..=shape.depth {
+        for level in 1..=depth {
             if let (Some(threshold), true) = (threshold, level > 1) {
                 // As in chains: no children below a node whose largest draft probability is
                 // under the threshold (the root always has some; the target takes over at the
                 // pruned nodes). Decided before any child is drawn, so the tree stays lossless.
                 frontier.retain(|(_, row)| confidence(row, sampling) >= threshold);
             }
+            // Sampled trees' share of the budget (greedy ones rerank instead).
             let left = shape.budget.saturating_sub(g.tree.len());
-            let share = left.div_ceil(shape.depth - level + 1);
+            let share = left.div_ceil(depth - level + 1);
             let mut added = g.grow(&frontier, share, shape.width, sampling, rng);
-            if added.is_empty() || level == shape.depth {
+            if added.is_empty() || level == depth {
                 break;
             }
             // Most probable first (stable: ties keep drafting order).
             added.sort_by(|&a, &b| g.cum[b].total_cmp(&g.cum[a]));
+            if greedy {
+                // Expand only what can still be kept, within the draft's block of `budget`.
+                let top = g.top(shape.budget);
+                let fed = g.block_of.iter().flatten().count();
+                added.retain(|&n| top[n]);
+                added.truncate((shape.budget - fed).min(shape.budget.div_ceil(depth)));
+                if added.is_empty() {
+                    break;
+                }
+            }
             let parents: Vec<Option<usize>> = added
                 .iter()
                 .map(|&n| g.tree.parents[n].and_then(|p| g.block_of[p]))
@@ -226,11 +293,52 @@ impl<M: LanguageModel> ModelDrafter<M> {
                 g.block_of[n] = Some(first + r);
             }
         }
+        if greedy {
+            let top = g.top(shape.budget);
+            g.keep(&top);
+        }
         Ok(Box::new(ModelTreeDraft {
             spec,
             held,
             tree: g.tree,
             block_of: g.block_of,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// root ─ a(.6) ─ c(.6·.5) ─ e(.3·.9)
+    ///      │       └ d(.6·.4)
+    ///      └ b(.3) ─ f(.3·.9)
+    fn growing() -> Growing {
+        let parents = vec![None, None, Some(0), Some(0), Some(2), Some(1)];
+        let cum = vec![0.6, 0.3, 0.3, 0.24, 0.27, 0.27];
+        Growing {
+            tree: DraftTree {
+                tokens: vec![10, 11, 12, 13, 14, 15],
+                child_q: vec![None; parents.len() + 1],
+                parents,
+            },
+            cum,
+            block_of: vec![Some(0), Some(1), Some(2), None, None, None],
+        }
+    }
+
+    #[test]
+    fn the_budget_keeps_the_most_probable_nodes_as_a_tree() {
+        let mut g = growing();
+        // Ties go to the earlier node: b (.3) before c (.3), e (.27) before f (.27).
+        let top = g.top(4);
+        assert_eq!(top, [true, true, true, false, true, false]);
+        g.keep(&top);
+        assert_eq!(g.tree.tokens, [10, 11, 12, 14]);
+        assert_eq!(g.tree.parents, [None, None, Some(0), Some(2)]);
+        assert_eq!(g.tree.child_q.len(), 5);
+        assert_eq!(g.cum, [0.6, 0.3, 0.3, 0.27]);
+        assert_eq!(g.block_of, [Some(0), Some(1), Some(2), None]);
+        assert_eq!(g.top(10), [true; 4]);
     }
 }
