@@ -451,9 +451,9 @@ impl CustomOp3 for RopeStore {
     }
 }
 
-/// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 7); longer
+/// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 15); longer
 /// inputs take cuBLAS.
-pub const GEMV_MAX_ROWS: usize = 8;
+pub const GEMV_MAX_ROWS: usize = 16;
 /// Warps per block of `gemv` (`GEMV_WARPS` in kernels.cu).
 const GEMV_WARPS: usize = 4;
 /// Outputs per warp of `gemv` for `rows` rows (the `GEMV` macro in kernels.cu); `out` must

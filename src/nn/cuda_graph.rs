@@ -31,7 +31,11 @@ struct Recording {
 // thread-safe, and `Graphs` only touches a recording under its mutex.
 unsafe impl Send for Recording {}
 
-/// The recorded steps of one model (one per slot, i.e. kind of step; a new key replaces it).
+/// Recordings kept per model, least recently used dropped first.
+const MAX_RECORDINGS: usize = 16;
+
+/// The recorded steps of one model, per slot (kind of step) and key (the buffers recorded
+/// against).
 #[derive(Default)]
 pub struct Graphs {
     inner: Mutex<Inner>,
@@ -95,11 +99,15 @@ impl Graphs {
         let t = tokens.len();
         let mut data = tokens.to_vec();
         data.push(len);
-        if let Some((_, rec)) = inner
+        if let Some(i) = inner
             .recordings
             .iter()
-            .find(|(n, r)| *n == slot && r.key == key)
+            .position(|(n, r)| *n == slot && r.key == key)
         {
+            // Most recently used last.
+            let hit = inner.recordings.remove(i);
+            inner.recordings.push(hit);
+            let rec = &inner.recordings[inner.recordings.len() - 1].1;
             write_u32(dev, &rec.io, &data)?;
             rec.graph
                 .launch()
@@ -107,7 +115,11 @@ impl Graphs {
             // A copy: the next replay overwrites `out`.
             return Ok(Some(rec.out.copy()?));
         }
-        inner.recordings.retain(|(n, _)| *n != slot);
+        // Several caches may alternate on one model (the points of an interleaved sweep, a
+        // reference decode): keep the most recent recordings rather than one per slot.
+        if inner.recordings.len() >= MAX_RECORDINGS {
+            inner.recordings.remove(0);
+        }
         let device = candle_core::Device::Cuda(dev.clone());
         let io = Tensor::zeros(t + 1, DType::U32, &device)?;
         write_u32(dev, &io, &data)?;

@@ -4,7 +4,7 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 /// `y = x Wᵀ + b` with `W: [out, in]` as stored by PyTorch. Decode and verification inputs
-/// (at most [`super::skinny::MAX_ROWS`] rows, f32 on the CPU; up to 8 rows on CUDA) go
+/// (at most [`super::skinny::MAX_ROWS`] rows, f32 on the CPU; up to 16 rows on CUDA) go
 /// through kernels that read `W` once; prefills and other devices through candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {

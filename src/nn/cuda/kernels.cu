@@ -440,7 +440,15 @@ __device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__rest
   GEMV(gemv_##NAME##_r5, T, 5)                                                                 \
   GEMV(gemv_##NAME##_r6, T, 6)                                                                 \
   GEMV(gemv_##NAME##_r7, T, 7)                                                                 \
-  GEMV(gemv_##NAME##_r8, T, 8)
+  GEMV(gemv_##NAME##_r8, T, 8)                                                                 \
+  GEMV(gemv_##NAME##_r9, T, 9)                                                                 \
+  GEMV(gemv_##NAME##_r10, T, 10)                                                               \
+  GEMV(gemv_##NAME##_r11, T, 11)                                                               \
+  GEMV(gemv_##NAME##_r12, T, 12)                                                               \
+  GEMV(gemv_##NAME##_r13, T, 13)                                                               \
+  GEMV(gemv_##NAME##_r14, T, 14)                                                               \
+  GEMV(gemv_##NAME##_r15, T, 15)                                                               \
+  GEMV(gemv_##NAME##_r16, T, 16)
 GEMV_ROWS(float, f32)
 GEMV_ROWS(__nv_bfloat16, bf16)
 GEMV_ROWS(__half, f16)
