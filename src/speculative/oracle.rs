@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -190,11 +191,18 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         if cache.offset() >= context.len() {
             cache.reset();
         }
-        model.forward_last(&context[cache.offset()..], cache)?;
+        // Each forward's argmax is read back as a greedy draft model's is: the step then
+        // waits for the draft's device work, as a real drafter's does, so that work is
+        // booked as drafting rather than left queued ahead of the verification.
+        let read_back = |logits: Tensor| -> Result<()> {
+            logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?;
+            Ok(())
+        };
+        read_back(model.forward_last(&context[cache.offset()..], cache)?)?;
         self.forwards += 1;
         let mut spec = cache.speculate()?;
         for &t in &tokens[..tokens.len() - 1] {
-            model.forward_last(&[t], spec.cache())?;
+            read_back(model.forward_last(&[t], spec.cache())?)?;
             self.forwards += 1;
         }
         Ok(Box::new(CostDraft { spec, tokens }))
