@@ -201,7 +201,11 @@ fn prefill_stages(model: &Model, n: usize) -> Vec<(String, f64)> {
     let graphs = specdec::nn::graphs_enabled();
     specdec::nn::set_cuda_graphs(false);
     specdec::nn::profile::enable(true);
-    finish(&model.forward_last(&prompt, &mut new_cache(model)).expect("prefill"));
+    finish(
+        &model
+            .forward_last(&prompt, &mut new_cache(model))
+            .expect("prefill"),
+    );
     let times = specdec::nn::profile::take();
     specdec::nn::profile::enable(false);
     specdec::nn::set_cuda_graphs(graphs);
@@ -328,7 +332,12 @@ fn main() {
         for (name, ms) in &stages {
             println!("| {name} | {ms:.3} | {:.0}% |", 100.0 * ms / total);
         }
-        let longest = contexts.iter().copied().filter(|&c| c < limit).max().unwrap_or(0);
+        let longest = contexts
+            .iter()
+            .copied()
+            .filter(|&c| c < limit)
+            .max()
+            .unwrap_or(0);
         let prefill = if longest > 0 {
             prefill_stages(&model, longest)
         } else {

@@ -21,7 +21,9 @@ mod device;
 const TOL: f32 = 1e-4;
 
 fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name);
     Model::load(&dir, &device::load_options()).expect("shipped model loads")
 }
 
@@ -49,8 +51,14 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
     };
     let (a, b) = (host(a), host(b));
     assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(f32::MIN_POSITIVE);
-    let diff = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let scale = b
+        .iter()
+        .fold(0f32, |m, x| m.max(x.abs()))
+        .max(f32::MIN_POSITIVE);
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
 }
 

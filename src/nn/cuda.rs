@@ -565,7 +565,10 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         && x.dims()[1] % vector == 0
         && w.dims()[0] % 4 == 0
         && x.dtype() == w.dtype()
-        && matches!(w.dtype(), candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32)
+        && matches!(
+            w.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32
+        )
         && w.is_contiguous()
         && w.layout().start_offset() % vector == 0
 }
@@ -665,7 +668,12 @@ impl AddRmsNorm {
         };
         let (t, h) = (*t, *h);
         if yl.dims() != xl.dims() || wl.dims() != [h] {
-            candle_core::bail!("add-rmsnorm: y {:?} and w {:?} do not fit x {:?}", yl.dims(), wl.dims(), xl.dims());
+            candle_core::bail!(
+                "add-rmsnorm: y {:?} and w {:?} do not fit x {:?}",
+                yl.dims(),
+                wl.dims(),
+                xl.dims()
+            );
         }
         // SAFETY: written in full by the kernel.
         let out = unsafe { dev.alloc::<T>(2 * t * h)? };
@@ -673,7 +681,13 @@ impl AddRmsNorm {
         let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
         let (t_arg, h_arg) = (t as i32, h as i32);
         let mut b = func.builder();
-        b.arg(&x).arg(&y).arg(&w).arg(&out).arg(&t_arg).arg(&h_arg).arg(&self.eps);
+        b.arg(&x)
+            .arg(&y)
+            .arg(&w)
+            .arg(&out)
+            .arg(&t_arg)
+            .arg(&h_arg)
+            .arg(&self.eps);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
             block_dim: (1024.min(h.next_multiple_of(32)) as u32, 1, 1),

@@ -104,7 +104,9 @@ pub fn causal_softmax_in_place(
 pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::gemv_applies(x, w) {
-        return Ok(Some(x.contiguous()?.apply_op2_no_bwd(w, &super::cuda::Gemv)?));
+        return Ok(Some(
+            x.contiguous()?.apply_op2_no_bwd(w, &super::cuda::Gemv)?,
+        ));
     }
     let _ = (x, w);
     Ok(None)
@@ -115,7 +117,11 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 pub fn silu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if gate_up.device().is_cuda() && gate_up.rank() == 2 && gate_up.dim(1)? % 2 == 0 {
-        return Ok(Some(gate_up.contiguous()?.apply_op1_no_bwd(&super::cuda::SiluMul)?));
+        return Ok(Some(
+            gate_up
+                .contiguous()?
+                .apply_op1_no_bwd(&super::cuda::SiluMul)?,
+        ));
     }
     let _ = gate_up;
     Ok(None)
