@@ -9,69 +9,14 @@
 //!
 //! Its own test binary with one test: recording captures the device's whole stream, so no
 //! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
-use std::path::Path;
+use candle_core::Tensor;
 
-use candle_core::{Device, Tensor, D};
-use specdec::cache::{ModelCache, RotatingStrategy};
-use specdec::models::Model;
-
+#[path = "common/decode.rs"]
+mod decode;
 #[path = "common/device.rs"]
 mod device;
 
-const TOL: f32 = 1e-4;
-
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &device::load_options()).expect("shipped model loads")
-}
-
-fn cache(model: &Model) -> ModelCache {
-    model
-        .new_cache(RotatingStrategy::Slack { max_draft: 8 })
-        .expect("cache")
-}
-
-fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| ((i * 7919 + seed * 104_729 + 17) % vocab) as u32)
-        .collect()
-}
-
-/// `max |a - b| / max |b|`, in f32 on the CPU.
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let host = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
-    let (a, b) = (host(a), host(b));
-    assert_eq!(a.len(), b.len());
-    let scale = b
-        .iter()
-        .fold(0f32, |m, x| m.max(x.abs()))
-        .max(f32::MIN_POSITIVE);
-    let diff = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    diff / scale
-}
-
-fn argmax_rows(t: &Tensor) -> Vec<u32> {
-    t.argmax(D::Minus1).unwrap().to_vec1::<u32>().unwrap()
-}
-
-fn tolerance() -> f32 {
-    match device::dtype_choice() {
-        specdec::models::DTypeChoice::BF16 | specdec::models::DTypeChoice::F16 => 1e-1,
-        _ => TOL,
-    }
-}
+use decode::{argmax_rows, cache, load, rel_err, tokens, tolerance, TOL};
 
 #[test]
 fn graph_steps_equal_ordinary_steps() {

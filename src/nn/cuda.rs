@@ -19,6 +19,72 @@ pub const SPLIT_LEN: usize = 128;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 1024;
 
+/// `impl CustomOp3` for an op whose `launch::<T>(&self, dev, dtype_name, a, b, c)` runs its
+/// kernel for one float dtype: the CPU refuses (callers take candle's ops there), CUDA
+/// dispatches on the dtype the three inputs share.
+macro_rules! float_op3 {
+    ($op:ty, $name:literal) => {
+        impl CustomOp3 for $op {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                _: &CpuStorage,
+                _: &Layout,
+                _: &CpuStorage,
+                _: &Layout,
+                _: &CpuStorage,
+                _: &Layout,
+            ) -> candle_core::Result<(CpuStorage, Shape)> {
+                candle_core::bail!(
+                    "{} runs on CUDA only; other devices take candle's ops",
+                    $name
+                )
+            }
+
+            fn cuda_fwd(
+                &self,
+                a: &CudaStorage,
+                al: &Layout,
+                b: &CudaStorage,
+                bl: &Layout,
+                c: &CudaStorage,
+                cl: &Layout,
+            ) -> candle_core::Result<(CudaStorage, Shape)> {
+                use CudaStorageSlice::{BF16, F16, F32};
+                let dev = a.device();
+                let (slice, shape) = match (&a.slice, &b.slice, &c.slice) {
+                    (BF16(a), BF16(b), BF16(c)) => {
+                        let (o, s) = self.launch(dev, "bf16", (a, al), (b, bl), (c, cl))?;
+                        (BF16(o), s)
+                    }
+                    (F16(a), F16(b), F16(c)) => {
+                        let (o, s) = self.launch(dev, "f16", (a, al), (b, bl), (c, cl))?;
+                        (F16(o), s)
+                    }
+                    (F32(a), F32(b), F32(c)) => {
+                        let (o, s) = self.launch(dev, "f32", (a, al), (b, bl), (c, cl))?;
+                        (F32(o), s)
+                    }
+                    _ => candle_core::bail!(
+                        "{}: inputs must share a float dtype (f32, f16, bf16)",
+                        $name
+                    ),
+                };
+                Ok((
+                    CudaStorage {
+                        slice,
+                        device: dev.clone(),
+                    },
+                    shape,
+                ))
+            }
+        }
+    };
+}
+
 /// Attention of the `t` newest positions over a KV cache, in two kernels (per-split partial
 /// softmax, then the combine), reading K/V once in place: no copy of the cache, no mask
 /// tensor, no `[t, len]` scores in memory.
@@ -129,59 +195,7 @@ impl SplitAttention {
     }
 }
 
-impl CustomOp3 for SplitAttention {
-    fn name(&self) -> &'static str {
-        "split-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("split attention runs on CUDA only; the CPU takes candle's ops")
-    }
-
-    fn cuda_fwd(
-        &self,
-        q: &CudaStorage,
-        ql: &Layout,
-        k: &CudaStorage,
-        kl: &Layout,
-        v: &CudaStorage,
-        vl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dev = q.device();
-        let (slice, shape) = match (&q.slice, &k.slice, &v.slice) {
-            (CudaStorageSlice::BF16(q), CudaStorageSlice::BF16(k), CudaStorageSlice::BF16(v)) => {
-                let (o, s) = self.launch(dev, "bf16", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::BF16(o), s)
-            }
-            (CudaStorageSlice::F16(q), CudaStorageSlice::F16(k), CudaStorageSlice::F16(v)) => {
-                let (o, s) = self.launch(dev, "f16", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::F16(o), s)
-            }
-            (CudaStorageSlice::F32(q), CudaStorageSlice::F32(k), CudaStorageSlice::F32(v)) => {
-                let (o, s) = self.launch(dev, "f32", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::F32(o), s)
-            }
-            _ => candle_core::bail!(
-                "split attention: q, k, v must share a float dtype (f32, f16, bf16)"
-            ),
-        };
-        Ok((
-            CudaStorage {
-                slice,
-                device: dev.clone(),
-            },
-            shape,
-        ))
-    }
-}
+float_op3!(SplitAttention, "split-attention");
 
 /// True when [`SplitAttention`] can take `q`, `k`: on CUDA, a head width the kernels are
 /// built for, and key rows aligned for the kernel's 16-byte loads.
@@ -399,57 +413,7 @@ impl RopeStore {
     }
 }
 
-impl CustomOp3 for RopeStore {
-    fn name(&self) -> &'static str {
-        "rope-store"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("rope store runs on CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        q: &CudaStorage,
-        ql: &Layout,
-        k: &CudaStorage,
-        kl: &Layout,
-        v: &CudaStorage,
-        vl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dev = q.device();
-        let (slice, shape) = match (&q.slice, &k.slice, &v.slice) {
-            (CudaStorageSlice::BF16(q), CudaStorageSlice::BF16(k), CudaStorageSlice::BF16(v)) => {
-                let (o, s) = self.launch(dev, "bf16", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::BF16(o), s)
-            }
-            (CudaStorageSlice::F16(q), CudaStorageSlice::F16(k), CudaStorageSlice::F16(v)) => {
-                let (o, s) = self.launch(dev, "f16", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::F16(o), s)
-            }
-            (CudaStorageSlice::F32(q), CudaStorageSlice::F32(k), CudaStorageSlice::F32(v)) => {
-                let (o, s) = self.launch(dev, "f32", (q, ql), (k, kl), (v, vl))?;
-                (CudaStorageSlice::F32(o), s)
-            }
-            _ => candle_core::bail!("rope store: q, k, v must share a float dtype"),
-        };
-        Ok((
-            CudaStorage {
-                slice,
-                device: dev.clone(),
-            },
-            shape,
-        ))
-    }
-}
+float_op3!(RopeStore, "rope-store");
 
 /// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 15); longer
 /// inputs take cuBLAS.
@@ -699,54 +663,4 @@ impl AddRmsNorm {
     }
 }
 
-impl CustomOp3 for AddRmsNorm {
-    fn name(&self) -> &'static str {
-        "add-rmsnorm"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("add-rmsnorm runs on CUDA only")
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        y: &CudaStorage,
-        yl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dev = x.device();
-        let (slice, shape) = match (&x.slice, &y.slice, &w.slice) {
-            (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(y), CudaStorageSlice::BF16(w)) => {
-                let (o, s) = self.launch(dev, "bf16", (x, xl), (y, yl), (w, wl))?;
-                (CudaStorageSlice::BF16(o), s)
-            }
-            (CudaStorageSlice::F16(x), CudaStorageSlice::F16(y), CudaStorageSlice::F16(w)) => {
-                let (o, s) = self.launch(dev, "f16", (x, xl), (y, yl), (w, wl))?;
-                (CudaStorageSlice::F16(o), s)
-            }
-            (CudaStorageSlice::F32(x), CudaStorageSlice::F32(y), CudaStorageSlice::F32(w)) => {
-                let (o, s) = self.launch(dev, "f32", (x, xl), (y, yl), (w, wl))?;
-                (CudaStorageSlice::F32(o), s)
-            }
-            _ => candle_core::bail!("add-rmsnorm: x, y, w must share a float dtype"),
-        };
-        Ok((
-            CudaStorage {
-                slice,
-                device: dev.clone(),
-            },
-            shape,
-        ))
-    }
-}
+float_op3!(AddRmsNorm, "add-rmsnorm");
