@@ -24,7 +24,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::experiment::context_limit;
 use specdec::models::{DTypeChoice, LoadOptions, Model};
@@ -92,11 +92,10 @@ fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
 
 /// The argmax of the last row, read back: completes the forward.
 fn finish(logits: &Tensor) -> u32 {
-    let row = logits.get(logits.dim(0).expect("rows") - 1).expect("row");
-    row.argmax(D::Minus1)
-        .expect("argmax")
-        .to_scalar::<u32>()
-        .expect("read back")
+    let last = logits
+        .narrow(0, logits.dim(0).expect("rows") - 1, 1)
+        .expect("row");
+    specdec::nn::argmax_rows(&last).expect("argmax read back")[0]
 }
 
 struct ContextRow {

@@ -147,6 +147,19 @@ pub fn add_rmsnorm(
     Ok(None)
 }
 
+/// The argmax of each row of `logits: [rows, vocab]`, read back to the host: the first index
+/// of the largest value on ties. On CUDA (f32) a one-block-per-row kernel, elsewhere candle's
+/// argmax.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype() == candle_core::DType::F32
+    {
+        let best = logits.contiguous()?.apply_op1_no_bwd(&super::cuda::ArgmaxRows)?;
+        return Ok(best.to_vec1::<u32>()?);
+    }
+    Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?)
+}
+
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with
 /// cudarc's per-tensor event tracking off: with one stream, stream order already orders
 /// every use of a tensor, and the events cost a record and a wait per operand of every

@@ -20,7 +20,7 @@ mod transformer;
 mod weights;
 
 pub use attention::{Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS};
-pub use fused::{graphs_enabled, open_cuda, set_cuda_graphs};
+pub use fused::{argmax_rows, graphs_enabled, open_cuda, set_cuda_graphs};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};

@@ -70,7 +70,7 @@ pub(super) fn next_token(
 ) -> Result<u32> {
     let last = logits.get(logits.dim(0)? - 1)?;
     if sampling.is_greedy() {
-        return Ok(last.argmax(0)?.to_scalar::<u32>()?);
+        return Ok(crate::nn::argmax_rows(&last.unsqueeze(0)?)?[0]);
     }
     let probs = sampling.probs(&last.to_dtype(DType::F32)?.to_vec1::<f32>()?);
     Ok(sample(&probs, rng) as u32)

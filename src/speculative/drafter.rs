@@ -167,7 +167,7 @@ fn next_dist(
 ) -> Result<(NextDist, f32)> {
     let last = logits.get(logits.dim(0)? - 1)?;
     if sampling.is_greedy() && !need_confidence {
-        let token = last.argmax(0)?.to_scalar::<u32>()?;
+        let token = crate::nn::argmax_rows(&last.unsqueeze(0)?)?[0];
         return Ok((NextDist::Argmax(token), 1.0));
     }
     let row = last.to_dtype(DType::F32)?.to_vec1::<f32>()?;

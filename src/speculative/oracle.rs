@@ -195,7 +195,7 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         // waits for the draft's device work, as a real drafter's does, so that work is
         // booked as drafting rather than left queued ahead of the verification.
         let read_back = |logits: Tensor| -> Result<()> {
-            logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?;
+            crate::nn::argmax_rows(&logits)?;
             Ok(())
         };
         read_back(model.forward_last(&context[cache.offset()..], cache)?)?;

@@ -5,7 +5,7 @@
 //! target verifies it in ONE forward over the block `[root, node 0, node 1, …]` (block index
 //! `i + 1` is node `i`), each node seeing the history and its ancestors; verification walks
 //! down from the root and returns the accepted root-to-node path plus one more token.
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use rand::Rng;
 
 use super::drafter::Draft;
@@ -184,7 +184,7 @@ pub fn verify_tree<R: Rng + ?Sized>(
         )));
     }
     if sampling.is_greedy() {
-        let best = logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
+        let best = crate::nn::argmax_rows(logits)?;
         let (mut block, mut path) = (0, Vec::new());
         while let Some(c) = tree
             .children(block)

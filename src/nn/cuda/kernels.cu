@@ -509,3 +509,45 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
 ADD_RMSNORM(add_rmsnorm_f32, float)
 ADD_RMSNORM(add_rmsnorm_bf16, __nv_bfloat16)
 ADD_RMSNORM(add_rmsnorm_f16, __half)
+
+// Argmax of each row of a contiguous f32 [rows, n]: one block per row; the first index of
+// the largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32.
+extern "C" __global__ void argmax_rows_f32(const float *__restrict__ x, uint32_t *__restrict__ out,
+                                           int n) {
+  const float *r = x + (long)blockIdx.x * n;
+  float best = -INFINITY;
+  int idx = n;  // past the end: "none yet"
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = r[j];
+    if (v > best || (idx == n && v == best)) {
+      best = v;
+      idx = j;
+    }
+  }
+  // Reduce (best, idx): larger value, then smaller index.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (b2 > best || (b2 == best && i2 < idx)) {
+      best = b2;
+      idx = i2;
+    }
+  }
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    sb[warp] = best;
+    si[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x + 31) / 32; ++w)
+      if (sb[w] > best || (sb[w] == best && si[w] < idx)) {
+        best = sb[w];
+        idx = si[w];
+      }
+    out[blockIdx.x] = idx < n ? (uint32_t)idx : 0u;
+  }
+}
