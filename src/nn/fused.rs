@@ -154,7 +154,9 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype() == candle_core::DType::F32
     {
-        let best = logits.contiguous()?.apply_op1_no_bwd(&super::cuda::ArgmaxRows)?;
+        let best = logits
+            .contiguous()?
+            .apply_op1_no_bwd(&super::cuda::ArgmaxRows)?;
         return Ok(best.to_vec1::<u32>()?);
     }
     Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?)
