@@ -174,158 +174,203 @@ impl Attention {
 
     /// Attention of `q: [1, h, t, d]` over what the cache returned, as `[t, h * d]`.
     ///
-    /// The path depends on the rows and the mask: on CUDA, up to [`SPLIT_MAX_ROWS`] queries
-    /// that are the newest positions of a plain causal (or sliding) run of keys take the
-    /// split kernel, which reads the cache in place; longer such blocks (prefills) go
-    /// through [`Self::attend_chunked`]; everything else (trees, rings, staged tails) through
-    /// [`Self::attend`] with the mask the cache describes.
+    /// The path depends on the rows and the mask: queries that are the newest positions of a
+    /// plain causal (or sliding) run of keys take [`causal_attention`]'s kernels where the
+    /// device has them (CUDA: the split kernel for up to [`SPLIT_MAX_ROWS`] queries, flash
+    /// attention for longer blocks in bf16 / f16), else, past [`PREFILL_CHUNK`] queries,
+    /// chunks; everything else (short blocks elsewhere, trees, rings, staged tails) takes
+    /// [`attend`] with the mask the cache describes.
     fn attention(&self, q: &Tensor, attend: &Attend) -> Result<Tensor> {
-        let (h, d) = (self.shape.num_heads, self.shape.head_dim);
         let t = q.dim(2)?;
         let suffix = match attend.tail {
             None => attend.mask.causal_suffix(),
             Some(_) => None,
         };
-        let out = match suffix {
-            Some(window) if t <= SPLIT_MAX_ROWS => {
-                match fused::split_attention(q, &attend.k, &attend.v, window, self.softcap)? {
-                    Some(out) => return Ok(out),
-                    None => self.attend(
-                        q,
-                        &attend.k,
-                        &attend.v,
-                        None,
-                        attend.mask_tensor()?.as_ref(),
-                    )?,
-                }
+        if let Some(window) = suffix {
+            if let Some(out) = suffix_kernel(q, &attend.k, &attend.v, window, self.softcap)? {
+                return Ok(out);
             }
-            Some(window) if t > PREFILL_CHUNK => {
-                self.attend_chunked(q, &attend.k, &attend.v, window)?
+            if t > PREFILL_CHUNK {
+                return heads_to_rows(attend_chunked(
+                    q,
+                    &attend.k,
+                    &attend.v,
+                    window,
+                    self.softcap,
+                )?);
             }
-            _ => self.attend(
-                q,
-                &attend.k,
-                &attend.v,
-                attend.tail.as_ref(),
-                attend.mask_tensor()?.as_ref(),
-            )?,
-        };
-        // [1, heads, t, d] -> [t, heads * d]
-        Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?)
+        }
+        heads_to_rows(attend_masked(
+            q,
+            &attend.k,
+            &attend.v,
+            attend.tail.as_ref(),
+            attend.mask_tensor()?.as_ref(),
+            self.softcap,
+        )?)
     }
+}
 
-    /// Attention of a long block of queries (a prefill) that are the newest positions of the
-    /// keys `k`, `v: [1, kv, L, d]` (causal, optionally within a sliding `window`), in chunks
-    /// of [`PREFILL_CHUNK`] queries: each chunk multiplies only against the keys it can see
-    /// and builds its `[chunk, keys]` mask on the device, so neither `[t, L]` scores per head
-    /// nor a host-built mask ever exist. Returns `[1, h, t, d]`.
-    fn attend_chunked(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        window: Option<usize>,
-    ) -> Result<Tensor> {
-        let t = q.dim(2)?;
-        let len = k.dim(2)?;
-        // Key index of query 0 (the queries are the last t keys).
-        let q0 = len - t;
-        let mut outs = Vec::with_capacity(t.div_ceil(PREFILL_CHUNK));
-        for start in (0..t).step_by(PREFILL_CHUNK) {
-            let rows = PREFILL_CHUNK.min(t - start);
-            let first = q0 + start; // key index of the chunk's first query
-            let key_lo = window.map_or(0, |w| (first + 1).saturating_sub(w));
-            let key_hi = first + rows;
-            let keys = key_hi - key_lo;
-            let qc = q.narrow(2, start, rows)?.contiguous()?;
-            let kc = k.narrow(2, key_lo, keys)?;
-            let vc = v.narrow(2, key_lo, keys)?;
-            // Query r sits at key index (first - key_lo) + r of the narrowed keys.
-            outs.push(self.attend_causal(&qc, &kc, &vc, first - key_lo, window)?);
-        }
-        let outs: Vec<&Tensor> = outs.iter().collect();
-        Ok(Tensor::cat(&outs, 2)?)
+/// Attention of the newest `t` queries `q: [1, h, t, d]` over the keys `k`, `v: [1, kv,
+/// len, d]` (query `i` at key index `len - t + i`, causal, optionally within a sliding
+/// `window`; logits optionally `tanh`-capped), as `[t, h * d]`: the path an [`Attention`]
+/// layer takes for such a block (the device's kernels where they apply, else chunks past
+/// [`PREFILL_CHUNK`] queries, else one masked product).
+pub fn causal_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    if let Some(out) = suffix_kernel(q, k, v, window, softcap)? {
+        return Ok(out);
     }
+    let (t, len) = (q.dim(2)?, k.dim(2)?);
+    if t > len {
+        return Err(Error::invalid(format!(
+            "causal attention: {t} queries over {len} keys"
+        )));
+    }
+    heads_to_rows(if t > PREFILL_CHUNK {
+        attend_chunked(q, k, v, window, softcap)?
+    } else {
+        let mask = causal_mask(len - t, t, len, window, q.device())?;
+        attend_masked(q, k, v, None, mask.as_ref(), softcap)?
+    })
+}
 
-    /// Attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` where query `r` sits at key
-    /// index `first + r` (causal, optionally within `window`): the fused causal softmax where
-    /// the device has one, else [`Self::attend`] with a mask built on the device.
-    fn attend_causal(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        first: usize,
-        window: Option<usize>,
-    ) -> Result<Tensor> {
-        let HeadShape {
-            num_heads: h,
-            num_kv_heads: kv,
-            head_dim: d,
-        } = self.shape;
-        let t = q.dim(2)?;
-        if fused::has_kernels(q.device()) {
-            let scores = q.reshape((1, kv, (h / kv) * t, d))?.matmul(&k.t()?)?;
-            fused::causal_softmax_in_place(&scores, t, first, window, self.softcap)?;
-            return Ok(scores.matmul(v)?.reshape((1, h, t, d))?);
-        }
-        let mask = causal_mask(first, t, k.dim(2)?, window, q.device())?;
-        self.attend(q, k, v, None, mask.as_ref())
+/// The device's kernel for the newest `t` queries over a causal run of keys, as
+/// `[t, h * d]`: split attention for up to [`SPLIT_MAX_ROWS`] rows, flash attention beyond;
+/// `None` where neither applies.
+fn suffix_kernel(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Option<Tensor>> {
+    if q.dim(2)? <= SPLIT_MAX_ROWS {
+        fused::split_attention(q, k, v, window, softcap)
+    } else {
+        fused::flash_attention(q, k, v, window, softcap)
     }
+}
 
-    /// Softmax attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` (possibly
-    /// strided views) and a `tail` `[1, kv, L', d]`, with an additive `mask: [t, L + L']`.
-    /// Grouped heads share K/V without copying them: the `h / kv` query heads of a group are
-    /// stacked as rows of one `[g * t, d]` matrix. A tail gets its own score and value
-    /// products (joined along the key axis only for the softmax), so it is never copied
-    /// together with `k`/`v`. Returns `[1, h, t, d]`.
-    fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        tail: Option<&(Tensor, Tensor)>,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
-        let HeadShape {
-            num_heads: h,
-            num_kv_heads: kv,
-            head_dim: d,
-        } = self.shape;
-        let t = q.dim(2)?;
-        let g = h / kv;
-        let q = q.reshape((1, kv, g * t, d))?;
-        let head_len = k.dim(2)?;
-        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g t, L]
-        if let Some((tk, _)) = tail {
-            scores = Tensor::cat(&[&scores, &q.matmul(&tk.t()?)?], 3)?;
-        }
-        let len = scores.dim(3)?;
-        if let Some(cap) = self.softcap {
-            scores = ((scores / cap)?.tanh()? * cap)?;
-        }
-        if let Some(mask) = mask {
-            let mask = mask.to_dtype(scores.dtype())?;
-            scores = scores.reshape((kv, g, t, len))?.broadcast_add(&mask)?;
-        }
-        let dtype = scores.dtype();
-        let probs = match dtype {
-            DType::F32 | DType::F64 => candle_nn::ops::softmax_last_dim(&scores)?,
-            _ => {
-                candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dtype)?
-            }
-        };
-        let probs = probs.reshape((1, kv, g * t, len))?;
-        let out = match tail {
-            None => probs.matmul(v)?, // [1, kv, g t, d]
-            Some((_, tv)) => {
-                let head = probs.narrow(3, 0, head_len)?.contiguous()?;
-                let tail = probs.narrow(3, head_len, len - head_len)?.contiguous()?;
-                (head.matmul(v)? + tail.matmul(tv)?)?
-            }
-        };
-        Ok(out.reshape((1, h, t, d))?)
+/// `[1, h, t, d]` -> `[t, h * d]`.
+fn heads_to_rows(out: Tensor) -> Result<Tensor> {
+    let (_, h, t, d) = out.dims4()?;
+    Ok(out.squeeze(0)?.transpose(0, 1)?.reshape((t, h * d))?)
+}
+
+/// Attention of a long block of queries (a prefill) that are the newest positions of the
+/// keys `k`, `v: [1, kv, L, d]` (causal, optionally within a sliding `window`), in chunks of
+/// [`PREFILL_CHUNK`] queries: each chunk multiplies only against the keys it can see and
+/// builds its `[chunk, keys]` mask on the device, so neither `[t, L]` scores per head nor a
+/// host-built mask ever exist. Returns `[1, h, t, d]`.
+fn attend_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let t = q.dim(2)?;
+    let len = k.dim(2)?;
+    // Key index of query 0 (the queries are the last t keys).
+    let q0 = len - t;
+    let mut outs = Vec::with_capacity(t.div_ceil(PREFILL_CHUNK));
+    for start in (0..t).step_by(PREFILL_CHUNK) {
+        let rows = PREFILL_CHUNK.min(t - start);
+        let first = q0 + start; // key index of the chunk's first query
+        let key_lo = window.map_or(0, |w| (first + 1).saturating_sub(w));
+        let key_hi = first + rows;
+        let keys = key_hi - key_lo;
+        let qc = q.narrow(2, start, rows)?.contiguous()?;
+        let kc = k.narrow(2, key_lo, keys)?;
+        let vc = v.narrow(2, key_lo, keys)?;
+        // Query r sits at key index (first - key_lo) + r of the narrowed keys.
+        outs.push(attend_causal(
+            &qc,
+            &kc,
+            &vc,
+            first - key_lo,
+            window,
+            softcap,
+        )?);
     }
+    let outs: Vec<&Tensor> = outs.iter().collect();
+    Ok(Tensor::cat(&outs, 2)?)
+}
+
+/// Attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` where query `r` sits at key
+/// index `first + r` (causal, optionally within `window`): the fused causal softmax where
+/// the device has one, else [`attend_masked`] with a mask built on the device.
+fn attend_causal(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    first: usize,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let (_, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    if fused::has_kernels(q.device()) {
+        let scores = q.reshape((1, kv, (h / kv) * t, d))?.matmul(&k.t()?)?;
+        fused::causal_softmax_in_place(&scores, t, first, window, softcap)?;
+        return Ok(scores.matmul(v)?.reshape((1, h, t, d))?);
+    }
+    let mask = causal_mask(first, t, k.dim(2)?, window, q.device())?;
+    attend_masked(q, k, v, None, mask.as_ref(), softcap)
+}
+
+/// Softmax attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, L, d]` (possibly strided
+/// views) and a `tail` `[1, kv, L', d]`, with an additive `mask: [t, L + L']` and an
+/// optional `tanh` softcap of the logits. Grouped heads share K/V without copying them: the
+/// `h / kv` query heads of a group are stacked as rows of one `[g * t, d]` matrix. A tail
+/// gets its own score and value products (joined along the key axis only for the softmax),
+/// so it is never copied together with `k`/`v`. Returns `[1, h, t, d]`.
+fn attend_masked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    tail: Option<&(Tensor, Tensor)>,
+    mask: Option<&Tensor>,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let (_, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let g = h / kv;
+    let q = q.reshape((1, kv, g * t, d))?;
+    let head_len = k.dim(2)?;
+    let mut scores = q.matmul(&k.t()?)?; // [1, kv, g t, L]
+    if let Some((tk, _)) = tail {
+        scores = Tensor::cat(&[&scores, &q.matmul(&tk.t()?)?], 3)?;
+    }
+    let len = scores.dim(3)?;
+    if let Some(cap) = softcap {
+        scores = ((scores / cap)?.tanh()? * cap)?;
+    }
+    if let Some(mask) = mask {
+        let mask = mask.to_dtype(scores.dtype())?;
+        scores = scores.reshape((kv, g, t, len))?.broadcast_add(&mask)?;
+    }
+    let dtype = scores.dtype();
+    let probs = match dtype {
+        DType::F32 | DType::F64 => candle_nn::ops::softmax_last_dim(&scores)?,
+        _ => candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dtype)?,
+    };
+    let probs = probs.reshape((1, kv, g * t, len))?;
+    let out = match tail {
+        None => probs.matmul(v)?, // [1, kv, g t, d]
+        Some((_, tv)) => {
+            let head = probs.narrow(3, 0, head_len)?.contiguous()?;
+            let tail = probs.narrow(3, head_len, len - head_len)?.contiguous()?;
+            (head.matmul(v)? + tail.matmul(tv)?)?
+        }
+    };
+    Ok(out.reshape((1, h, t, d))?)
 }
 
 /// Most queries the split attention kernel takes (decode steps, verification blocks, trees

@@ -28,6 +28,26 @@ pub fn split_attention(
     Ok(None)
 }
 
+/// Attention of a long block of queries `q: [1, h, t, d]` that are the newest positions of
+/// the keys `k`, `v: [1, kv, len, d]` (causal, optionally within a sliding `window`), as
+/// `[t, h * d]`, by the CUDA flash kernel (bf16 / f16): no scores in memory. `None` off
+/// CUDA, in f32 or for shapes it does not cover.
+pub fn flash_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: Option<usize>,
+    softcap: Option<f64>,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::flash_attention_applies(q, k) {
+        let op = super::cuda::FlashAttention { window, softcap };
+        return Ok(Some(q.apply_op3_no_bwd(k, v, &op)?));
+    }
+    let _ = (q, k, v, window, softcap);
+    Ok(None)
+}
+
 /// Whether short steps on CUDA replay recorded graphs. Off by default in the library, on in
 /// `exp` and the GPU benchmark; `SPECDEC_CUDA_GRAPHS=1` / `=0` in the environment or
 /// [`set_cuda_graphs`] decide.

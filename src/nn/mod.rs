@@ -19,7 +19,9 @@ mod threads;
 mod transformer;
 mod weights;
 
-pub use attention::{Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS};
+pub use attention::{
+    causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
+};
 pub use fused::{argmax_rows, graphs_enabled, open_cuda, set_cuda_graphs};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};

@@ -142,6 +142,100 @@ pub fn split_attention_applies(q: &Tensor, k: &Tensor) -> bool {
     q.device().is_cuda() && matches!(d, 32 | 64 | 128 | 256) && aligned
 }
 
+/// Flash attention of a long block of queries (a prefill) that are the newest positions of
+/// the keys: `flash_attn` in kernels.cu, tensor cores, the scores never in memory. bf16 and
+/// f16 only.
+///
+/// Inputs of [`CustomOp3`]: `q: [1, heads, t, d]` (rows may be strided, elements
+/// contiguous), `k`, `v: [1, kv_heads, len, d]` views of a cache buffer (as
+/// [`SplitAttention`]); query `i` sits at key index `len - t + i`. Output `[t, heads * d]`.
+pub struct FlashAttention {
+    /// Sliding window (tokens each query sees, itself included).
+    pub window: Option<usize>,
+    /// `tanh` softcap of the logits.
+    pub softcap: Option<f64>,
+}
+
+/// Queries per block of `flash_attn` (`FA_Q` in kernels.cu).
+const FA_Q: usize = 64;
+
+impl FlashAttention {
+    #[allow(clippy::too_many_arguments)]
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        &self,
+        dev: &CudaDevice,
+        name: &str,
+        (q, ql): (&CudaSlice<T>, &Layout),
+        (k, kl): (&CudaSlice<T>, &Layout),
+        (v, vl): (&CudaSlice<T>, &Layout),
+    ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
+        if name == "f32" {
+            candle_core::bail!(
+                "flash attention: f32 has no tensor-core path; take the chunked one"
+            );
+        }
+        let (qd, qs) = dims4(ql, "q")?;
+        let (kd, ks) = dims4(kl, "k")?;
+        let (vd, vs) = dims4(vl, "v")?;
+        let [_, heads, t, d] = qd;
+        let [_, kv_heads, len, kdim] = kd;
+        if vd != kd || vs[1..] != ks[1..] || kdim != d || ks[2] != d || kv_heads == 0 {
+            candle_core::bail!("flash attention: k {kd:?}/{ks:?} and v {vd:?}/{vs:?} must be equal cache views of head_dim {d}");
+        }
+        if heads % kv_heads != 0 || t == 0 || t > len {
+            candle_core::bail!("flash attention: {heads} heads over {kv_heads} kv heads, {t} queries over {len} keys");
+        }
+        // SAFETY: the kernel writes every element of the t rows.
+        let out = unsafe { dev.alloc::<T>(t * heads * d)? };
+        let func = dev.get_or_load_custom_func(&format!("flash_attn_{name}_d{d}"), MODULE, PTX)?;
+        let q = q.slice(ql.start_offset()..);
+        let k = k.slice(kl.start_offset()..);
+        let v = v.slice(vl.start_offset()..);
+        let (t_arg, len_arg, heads_arg, group_arg) = (
+            t as i32,
+            len as i32,
+            heads as i32,
+            (heads / kv_heads) as i32,
+        );
+        let (q_head, q_row, kv_head) = (qs[1] as i64, qs[2] as i64, ks[1] as i64);
+        let window = self.window.unwrap_or(0) as i32;
+        let softcap = self.softcap.unwrap_or(0.0) as f32;
+        let mut b = func.builder();
+        b.arg(&q).arg(&k).arg(&v).arg(&out);
+        b.arg(&t_arg).arg(&len_arg).arg(&heads_arg).arg(&group_arg);
+        b.arg(&q_head).arg(&q_row).arg(&kv_head);
+        b.arg(&window).arg(&softcap);
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, t.div_ceil(FA_Q) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `flash_attn` in kernels.cu; rows past t and keys past len are
+        // never read (clamped) nor written; alignment checked by `flash_attention_applies`.
+        unsafe { b.launch(cfg) }.w()?;
+        Ok((out, Shape::from((t, heads * d))))
+    }
+}
+
+float_op3!(FlashAttention, "flash-attention");
+
+/// True when [`FlashAttention`] can take `q`, `k`: on CUDA, bf16 or f16, a head width the
+/// kernel is built for, q's rows 4-byte aligned and key rows 16-byte aligned.
+pub fn flash_attention_applies(q: &Tensor, k: &Tensor) -> bool {
+    use candle_core::DType;
+    let d = q.dims().last().copied().unwrap_or(0);
+    let aligned = |t: &Tensor, align: usize| {
+        let l = t.layout();
+        l.start_offset() % align == 0 && l.stride().iter().all(|&s| s == 1 || s % align == 0)
+    };
+    q.device().is_cuda()
+        && matches!(q.dtype(), DType::BF16 | DType::F16)
+        && q.dtype() == k.dtype()
+        && matches!(d, 32 | 64 | 128)
+        && aligned(q, 2)
+        && aligned(k, 8)
+}
+
 /// In-place causal softmax of a prefill chunk's scores `[1, kv_heads, group * rows, keys]`
 /// (contiguous; the `rows` queries of each head consecutive): row `r` of a head is the query
 /// at key index `first + r` and sees key `j` iff `j <= first + r` (and `j > first + r -

@@ -2,7 +2,8 @@
 //! custom-op interface. Only built with the `cuda` feature; callers keep candle's ops as the
 //! path on every other device.
 //!
-//! * [`attention`] — attention over a KV cache in place, the prefill chunks' causal softmax,
+//! * [`attention`] — attention over a KV cache in place, flash attention of prefills, the
+//!   prefill chunks' causal softmax (f32),
 //!   RoPE with the K/V store at device-side positions;
 //! * [`dense`] — the row-wise products and elementwise steps: GEMV, SiLU·up, residual add +
 //!   RMSNorm, row argmax.
@@ -91,5 +92,8 @@ fn view<'a, T: candle_core::cuda_backend::CudaDType>(
 mod attention;
 mod dense;
 
-pub use attention::{split_attention_applies, CausalSoftmax, RopeStore, SplitAttention};
+pub use attention::{
+    flash_attention_applies, split_attention_applies, CausalSoftmax, FlashAttention, RopeStore,
+    SplitAttention,
+};
 pub use dense::{gemv_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};

@@ -1,0 +1,198 @@
+//! Attention of the newest `t` queries over a causal run of keys — the block a decode step, a
+//! verification and a prefill each attend with — against the softmax formula computed in f64
+//! on the host from the same (rounded) inputs, for every path `specdec::nn::causal_attention`
+//! takes on the test device: on CUDA the split kernel (up to `SPLIT_MAX_ROWS` queries) and
+//! flash attention (longer blocks, bf16 / f16), elsewhere and in f32 the chunked and masked
+//! candle paths. Cases cover grouped-query heads, keys in a larger cache buffer (strided
+//! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
+//! lengths that are not multiples of any tile, and a block past `PREFILL_CHUNK`.
+use candle_core::{DType, Device, Tensor};
+use specdec::nn::{causal_attention, PREFILL_CHUNK};
+
+#[path = "common/device.rs"]
+mod device;
+
+/// One shape: heads, kv heads, head width, queries, keys before them, window, softcap.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    heads: usize,
+    kv: usize,
+    d: usize,
+    t: usize,
+    history: usize,
+    window: Option<usize>,
+    softcap: Option<f64>,
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for d in [32, 64, 128] {
+        for (t, history) in [(1, 40), (5, 0), (5, 130), (33, 0), (100, 7), (200, 70)] {
+            for window in [None, Some(50)] {
+                out.push(Case {
+                    heads: 4,
+                    kv: 2,
+                    d,
+                    t,
+                    history,
+                    window,
+                    softcap: None,
+                });
+            }
+        }
+    }
+    let big = PREFILL_CHUNK + 77;
+    out.push(Case {
+        heads: 4,
+        kv: 1,
+        d: 64,
+        t: big,
+        history: 3,
+        window: None,
+        softcap: None,
+    });
+    out.push(Case {
+        heads: 2,
+        kv: 2,
+        d: 128,
+        t: big,
+        history: 0,
+        window: Some(300),
+        softcap: None,
+    });
+    for t in [5, 150] {
+        out.push(Case {
+            heads: 4,
+            kv: 2,
+            d: 64,
+            t,
+            history: 20,
+            window: None,
+            softcap: Some(1.0),
+        });
+    }
+    out
+}
+
+/// Deterministic values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
+/// `[t, heads * d]` by the formula, in f64, from the host copies of q `[heads, t, d]` and of
+/// k, v `[kv, len, d]`.
+fn reference(c: Case, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    let len = c.history + c.t;
+    let g = c.heads / c.kv;
+    let mut out = vec![0f32; c.t * c.heads * c.d];
+    for h in 0..c.heads {
+        let kh = h / g;
+        for i in 0..c.t {
+            let pos = c.history + i;
+            let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let qr = &q[(h * c.t + i) * c.d..][..c.d];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let kr = &k[(kh * len + j) * c.d..][..c.d];
+                    let s: f64 = qr.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    c.softcap.map_or(s, |cap| (s / cap).tanh() * cap)
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for e in 0..c.d {
+                let acc: f64 = (lo..=pos)
+                    .zip(&w)
+                    .map(|(j, p)| p * v[(kh * len + j) * c.d + e] as f64)
+                    .sum();
+                out[i * c.heads * c.d + h * c.d + e] = (acc / sum) as f32;
+            }
+        }
+    }
+    out
+}
+
+fn check(c: Case, dtype: DType, tol: f32) {
+    let dev = device::device();
+    let len = c.history + c.t;
+    // Keys and values live in a cache buffer with room to spare, as the KV cache hands them out.
+    let capacity = len + 24;
+    // Queries carry the softmax scale, as the model's do: logits of about unit size.
+    let q_scale = 2.0 / (c.d as f32).sqrt();
+    let q = Tensor::from_vec(
+        values(c.heads * c.t * c.d, 1, q_scale),
+        (1, c.heads, c.t, c.d),
+        &dev,
+    )
+    .unwrap()
+    .to_dtype(dtype)
+    .unwrap();
+    let buffer = |seed| {
+        Tensor::from_vec(
+            values(c.kv * capacity * c.d, seed, 1.0),
+            (1, c.kv, capacity, c.d),
+            &dev,
+        )
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+    };
+    let (kb, vb) = (buffer(2), buffer(3));
+    let (k, v) = (kb.narrow(2, 0, len).unwrap(), vb.narrow(2, 0, len).unwrap());
+    let got = causal_attention(&q, &k, &v, c.window, c.softcap).unwrap();
+    assert_eq!(got.dims(), &[c.t, c.heads * c.d], "{c:?}");
+    let want = reference(
+        c,
+        &host(&q),
+        &host(&k.contiguous().unwrap()),
+        &host(&v.contiguous().unwrap()),
+    );
+    let got = host(&got);
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= tol * scale,
+        "{dtype:?} {c:?}: max error {err} against max |ref| {scale} (tolerance {tol})"
+    );
+}
+
+#[test]
+fn causal_attention_matches_the_formula_in_f32() {
+    for c in cases() {
+        check(c, DType::F32, 1e-4);
+    }
+}
+
+/// Half precision: the inputs are the rounded values on both sides; the kernels round the
+/// probabilities (flash attention) or the scores (the candle path) and the output to 8 or 11
+/// bits of mantissa.
+#[test]
+fn causal_attention_matches_the_formula_in_half_precision() {
+    for c in cases() {
+        check(c, DType::BF16, 2e-2);
+        check(c, DType::F16, 4e-3);
+    }
+}
