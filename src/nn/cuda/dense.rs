@@ -24,8 +24,19 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
+/// Warps per block of `gemv_tc` (`GEMV_TC_WARPS` in kernels.cu).
+const GEMV_TC_WARPS: usize = 8;
+
+/// Whether bf16 / f16 products take the tensor-core GEMV (`gemv_tc`): on unless
+/// `SPECDEC_TC_GEMV=0`, which keeps the CUDA-core kernel for comparison (read once).
+fn tensor_core_gemv() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_TC_GEMV").map_or(true, |v| v != "0"))
+}
+
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
-/// contiguous, reading `w` once (`gemv` in kernels.cu). Inputs of [`candle_core::CustomOp2`]:
+/// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
+/// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
 pub struct Gemv;
 
@@ -45,11 +56,33 @@ impl Gemv {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
         let (rows, inp, out) = (xd[0], xd[1], wd[0]);
-        let func = dev.get_or_load_custom_func(&format!("gemv_{name}_r{rows}"), MODULE, PTX)?;
-        // SAFETY: written in full by the kernel.
+        // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         let (in_arg, out_arg) = (inp as i32, out as i32);
+        if name != "f32" && inp % 32 == 0 && tensor_core_gemv() {
+            let nt = rows.div_ceil(8);
+            let func =
+                dev.get_or_load_custom_func(&format!("gemv_tc_{name}_n{nt}"), MODULE, PTX)?;
+            let rows_arg = rows as i32;
+            let mut b = func.builder();
+            b.arg(&x)
+                .arg(&w)
+                .arg(&y)
+                .arg(&rows_arg)
+                .arg(&in_arg)
+                .arg(&out_arg);
+            let cfg = LaunchConfig {
+                grid_dim: (out.div_ceil(16) as u32, 1, 1),
+                block_dim: ((GEMV_TC_WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
+            // outputs past the ends are clamped on load and never written.
+            unsafe { b.launch(cfg) }.w()?;
+            return Ok((y, Shape::from((rows, out))));
+        }
+        let func = dev.get_or_load_custom_func(&format!("gemv_{name}_r{rows}"), MODULE, PTX)?;
         let mut b = func.builder();
         b.arg(&x).arg(&w).arg(&y).arg(&in_arg).arg(&out_arg);
         let cfg = LaunchConfig {

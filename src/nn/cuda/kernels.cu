@@ -342,6 +342,13 @@ __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  mma16816<T>(c, a, b0, b1);
+}
+
 // Four 8x8 b16 matrices from shared memory, transposed (lane l gives the address of row
 // l % 8 of matrix l / 8; register i receives matrix i's element pair (2 tig, 2 tig + 1) of
 // column `group`).
@@ -705,6 +712,87 @@ __device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__rest
 GEMV_ROWS(float, f32)
 GEMV_ROWS(__nv_bfloat16, bf16)
 GEMV_ROWS(__half, f16)
+
+// The same product on tensor cores for bf16 / f16 and up to 16 rows: the weight is the mma's
+// A operand (16 outputs x 16 inputs), the rows its B operand (16 inputs x 8 rows, one n-tile
+// per 8 rows, NT of them). Each lane loads 16 bytes of two weight rows (outputs grp and
+// grp + 8) and of one x row per 32-input chunk: the mma's k order is a permutation of the
+// chunk's inputs, the same for A and B, so the dot products are exact sums of the chunk.
+// Block: GEMV_TC_WARPS warps on 16 outputs, warp w taking chunks w, w + WARPS, ... (the block
+// reads 512 contiguous bytes of each row per step), 4 chunks in flight per warp; the warps'
+// partial sums are added in warp order. Nothing in a row's sums depends on how many rows
+// there are, so a decode step and a verification row compute bitwise the same outputs.
+// `in` is a multiple of 32. Grid: x = ceil(out / 16). Block: GEMV_TC_WARPS * 32.
+constexpr int GEMV_TC_WARPS = 8, GEMV_TC_UNROLL = 4;
+template <typename T, int NT>
+__device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
+                        int rows, int in, int out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
+  const int o0 = blockIdx.x * 16;
+  const T *wa = w + (long)min(o0 + grp, out - 1) * in + 8 * tig;
+  const T *wb = w + (long)min(o0 + grp + 8, out - 1) * in + 8 * tig;
+  const T *xr[NT];
+  bool xlive[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    xlive[n] = n * 8 + grp < rows;
+    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * tig;
+  }
+  float c[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  constexpr int STRIDE = GEMV_TC_WARPS * 32;  // inputs between a warp's chunks
+  for (int base = warp * 32; base < in; base += STRIDE * GEMV_TC_UNROLL) {
+    // Unconditional loads (a chunk past `in` reads chunk 0 again and is zeroed after), so
+    // all of them are in flight before the first mma.
+    uint4 a0[GEMV_TC_UNROLL], a1[GEMV_TC_UNROLL], b[NT][GEMV_TC_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+      const int k = base + u * STRIDE < in ? base + u * STRIDE : 0;
+      a0[u] = __ldcs(reinterpret_cast<const uint4 *>(wa + k));
+      a1[u] = __ldcs(reinterpret_cast<const uint4 *>(wb + k));
+#pragma unroll
+      for (int n = 0; n < NT; ++n) b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
+    }
+#pragma unroll
+    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+      if (base + u * STRIDE >= in) break;  // warp-uniform
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4 bb = xlive[n] ? b[n][u] : zero;
+        mma16816<T>(c[n], a0[u].x, a1[u].x, a0[u].y, a1[u].y, bb.x, bb.y);
+        mma16816<T>(c[n], a0[u].z, a1[u].z, a0[u].w, a1[u].w, bb.z, bb.w);
+      }
+    }
+  }
+  __shared__ float red[GEMV_TC_WARPS][NT][32][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][n][lane][e] = c[n][e];
+  __syncthreads();
+  // Thread i sums output o0 + i / 16 for row i % 16 (c's layout: lane 4 * (o % 8) + r / 2,
+  // element 2 * (o / 8) + r % 2 within n-tile r / 8).
+  const int o = threadIdx.x / 16, r = threadIdx.x % 16, n = r / 8, col = r % 8;
+  if (n < NT && r < rows && o0 + o < out) {
+    const int l = (o % 8) * 4 + col / 2, e = (o / 8) * 2 + col % 2;
+    float sum = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < GEMV_TC_WARPS; ++wi) sum += red[wi][n][l][e];
+    y[(long)r * out + o0 + o] = from_f32<T>(sum);
+  }
+}
+
+#define GEMV_TC(NAME, T, NT)                                                                   \
+  extern "C" __global__ void __launch_bounds__(GEMV_TC_WARPS * 32)                             \
+      NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
+    gemv_tc<T, NT>(x, w, y, rows, in, out);                                                    \
+  }
+GEMV_TC(gemv_tc_bf16_n1, __nv_bfloat16, 1)
+GEMV_TC(gemv_tc_bf16_n2, __nv_bfloat16, 2)
+GEMV_TC(gemv_tc_f16_n1, __half, 1)
+GEMV_TC(gemv_tc_f16_n2, __half, 2)
 
 // Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
 // gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.
