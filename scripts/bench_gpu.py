@@ -18,8 +18,10 @@ Cases
               specdec_ar   exp, method "autoregressive"
               specdec_spec exp, method "speculative", the draft model, gamma = 4
   llama8b   random bf16 weights in the shapes of Llama-3.1-8B (target) and Llama-3.2-1B
-            (draft), written once to --models-dir with the shipped tokenizer (its ids are a
-            subset of the 128,256-token vocabulary, so exp encodes prompts). Methods: hf_plain,
+            (draft), written once to --models-dir with the shipped tokenizer. The vocabulary
+            is the shipped tokenizer's 1,024 ids (6.99B parameters / 13.98 GB target, 0.98B /
+            1.95 GB draft: the shapes the GPU issue measured), or SPECDEC_BENCH_VOCAB=128256
+            for the real models' (8.03B / 16.06 GB and 1.24B / 2.47 GB). Methods: hf_plain,
             hf_static, specdec_ar, specdec draft-model AR (for the cost ratio c), and the oracle
             drafter (kind = "oracle", forwards of the 1B-shaped draft run for their cost) at
             alpha in {0.6, 0.8, 0.9} x gamma in {2, 4, 8}. Each oracle row shows tau (tokens per
@@ -63,7 +65,7 @@ def parse_args():
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--exp", default=os.path.join(REPO, ".cuda/run/bin/exp"))
-    p.add_argument("--models-dir", default="/tmp/specdec-bench-models")
+    p.add_argument("--models-dir", default=f"/tmp/specdec-bench-models-v{VOCAB}")
     p.add_argument("--out", default=os.path.join(REPO, "bench-gpu-out"))
     p.add_argument("--skip-hf", action="store_true", help="specdec rows only")
     return p.parse_args()
@@ -77,7 +79,7 @@ def llama_config(hidden, inter, layers, heads, kv, tied):
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hidden // heads,
-        "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "vocab_size": VOCAB, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0, "attention_bias": False, "mlp_bias": False,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
@@ -85,6 +87,9 @@ def llama_config(hidden, inter, layers, heads, kv, tied):
         "torch_dtype": "bfloat16",
     }
 
+
+# The shipped tokenizer's ids are 0..1023: any vocabulary from 1,024 up lets exp encode prompts.
+VOCAB = int(os.environ.get("SPECDEC_BENCH_VOCAB", "1024"))
 
 SHAPES = {  # name -> (hidden, intermediate, layers, heads, kv heads, tied embeddings)
     "target-8b": (4096, 14336, 32, 32, 8, False),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where GPU decode time goes, on 8B/1B-shaped Llama checkpoints with random bf16 weights (made
-# here with torch, no download), after scripts/gpu-unpack.sh:
+# here with torch, no download; the vocabulary is SPECDEC_BENCH_VOCAB, default the shipped
+# tokenizer's 1,024 ids, see scripts/bench_gpu.py), after scripts/gpu-unpack.sh:
 #   1. the gpu_decode benchmark (bandwidth, per-context prefill/decode/verify, stage times);
 #   2. transformers' prefill of the same weights at the same lengths (SDPA, logits of the
 #      last position only, as specdec's prefill computes);
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu-decode.sh OUT_DIR [contexts]}
 contexts=${2:-128,1024,4096,8000}
-models=${SPECDEC_BENCH_MODELS_DIR:-/tmp/specdec-bench-models}
+models=${SPECDEC_BENCH_MODELS_DIR:-/tmp/specdec-bench-models-v${SPECDEC_BENCH_VOCAB:-1024}}
 mkdir -p "$out"
 python3 - "$models" <<'PY'
 import os, sys, time
@@ -51,7 +52,7 @@ m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16, attn_
 rows = []
 with torch.no_grad():
     for L in contexts:
-        ids = torch.randint(0, 32000, (1, L), device="cuda")
+        ids = torch.randint(0, m.config.vocab_size, (1, L), device="cuda")
         times = []
         for _ in range(4):
             torch.cuda.synchronize(); t = time.perf_counter()

@@ -38,7 +38,7 @@ fn host(t: &Tensor) -> Vec<f32> {
 /// Whether a GEMV kernel takes every row count of this product on the test device (CUDA,
 /// `fused::gemv`'s shape conditions).
 fn row_exact(dev: &Device, out: usize, inp: usize) -> bool {
-    dev.is_cuda() && out % 4 == 0 && inp % 8 == 0
+    dev.is_cuda() && out.is_multiple_of(4) && inp.is_multiple_of(8)
 }
 
 fn check(dtype: DType, out: usize, inp: usize, tol: f32) {
@@ -92,5 +92,74 @@ fn few_row_products_match_the_dot_products_and_each_row_alone() {
         // rounded to the dtype (relative 2^-8 / 2^-11 of a result of size ~sqrt(inp)).
         check(DType::BF16, out, inp, 8e-3);
         check(DType::F16, out, inp, 1e-3);
+    }
+}
+
+/// The gated MLP of 1–16 rows (`down(silu(gate) * up)`; on CUDA in half precision the down
+/// product computes the activation as its weights stream) against the formula in f64, and,
+/// on CUDA, each row equal to the one-row forward bitwise.
+#[test]
+fn gated_mlp_rows_match_the_formula_and_each_row_alone() {
+    use specdec::nn::{Activation, GatedMlp};
+    let dev = device::device();
+    let (hidden, inter) = (128, 96);
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+        let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
+            Tensor::from_vec(values(n, seed), shape, &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let gate_up = tensor(2 * inter * hidden, 11, (2 * inter, hidden));
+        let down = tensor(hidden * inter, 12, (hidden, inter));
+        let x = tensor(16 * hidden, 13, (16, hidden));
+        let (guh, dh, xh) = (host(&gate_up), host(&down), host(&x));
+        let mlp = GatedMlp::new(
+            Linear::new(gate_up, None),
+            Linear::new(down, None),
+            Activation::Silu,
+        )
+        .unwrap();
+        let singles: Vec<Vec<f32>> = (0..16)
+            .map(|r| host(&mlp.forward(&x.narrow(0, r, 1).unwrap()).unwrap()))
+            .collect();
+        for rows in 1..=16 {
+            let y = host(&mlp.forward(&x.narrow(0, 0, rows).unwrap()).unwrap());
+            for r in 0..rows {
+                let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
+                    v.iter()
+                        .enumerate()
+                        .map(|(i, x)| w[o * v.len() + i] as f64 * x)
+                        .sum()
+                };
+                let xr: Vec<f64> = xh[r * hidden..(r + 1) * hidden]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let act: Vec<f64> = (0..inter)
+                    .map(|i| {
+                        let (g, u) = (dot(&guh, i, &xr), dot(&guh, inter + i, &xr));
+                        g / (1.0 + (-g).exp()) * u
+                    })
+                    .collect();
+                let want: Vec<f64> = (0..hidden).map(|o| dot(&dh, o, &act)).collect();
+                // Relative to the row's largest output: half precision rounds the gate/up
+                // product and the activation before the down product.
+                let scale = want.iter().fold(0f64, |m, w| m.max(w.abs()));
+                for (o, want) in want.iter().enumerate() {
+                    let got = y[r * hidden + o] as f64;
+                    assert!(
+                        (got - want).abs() <= tol * scale,
+                        "{dtype:?} rows {rows}: row {r} output {o} is {got}, expected {want} (scale {scale})"
+                    );
+                }
+                if dev.is_cuda() {
+                    assert!(
+                        y[r * hidden..(r + 1) * hidden] == singles[r][..],
+                        "{dtype:?}: MLP row {r} of {rows} rows differs from its one-row forward"
+                    );
+                }
+            }
+        }
     }
 }

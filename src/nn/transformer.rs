@@ -101,28 +101,37 @@ struct Block {
     mlp_post_norm: Option<RmsNorm>,
 }
 
+/// A block's output as the residual stream `x` and the MLP's output `h` not yet added to it:
+/// the next norm adds them in the same kernel where the device has one.
+type Residual = (Tensor, Tensor);
+
 impl Block {
-    fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        self.forward_with(x, |attn, normed| attn.forward(normed, offset, cache))
+    fn forward(&self, input: Input, offset: usize, cache: &mut LayerCache) -> Result<Residual> {
+        self.forward_with(input, |attn, normed| attn.forward(normed, offset, cache))
     }
 
-    /// The block around an attention call `attend(attention, normed input)`.
+    /// The block around an attention call `attend(attention, normed input)`, from the
+    /// embeddings or from the previous block's un-added output.
     fn forward_with(
         &self,
-        x: &Tensor,
+        input: Input,
         attend: impl FnOnce(&Attention, &Tensor) -> Result<Tensor>,
-    ) -> Result<Tensor> {
-        let normed = self.attn_norm.forward(x)?;
+    ) -> Result<Residual> {
+        let (x, normed) = match input {
+            Input::Embedded(x) => {
+                let normed = self.attn_norm.forward(&x)?;
+                (x, normed)
+            }
+            Input::Residual((x, h)) => self.attn_norm.add_forward(&x, &h)?,
+        };
         profile::mark("norms, residual adds", &normed)?;
         let h = attend(&self.attn, &normed)?;
         let h = post_norm(&self.attn_post_norm, h)?;
-        let (x, normed) = self.mlp_norm.add_forward(x, &h)?;
+        let (x, normed) = self.mlp_norm.add_forward(&x, &h)?;
         profile::mark("norms, residual adds", &normed)?;
         let h = self.mlp.forward(&normed)?;
         let h = post_norm(&self.mlp_post_norm, h)?;
-        let x = (x + h)?;
-        profile::mark("norms, residual adds", &x)?;
-        Ok(x)
+        Ok((x, h))
     }
 
     fn param_count(&self) -> usize {
@@ -134,6 +143,12 @@ impl Block {
             + self.mlp.param_count()
             + opt(&self.mlp_post_norm)
     }
+}
+
+/// What a block reads: the embeddings (the first block) or the previous block's output.
+enum Input {
+    Embedded(Tensor),
+    Residual(Residual),
 }
 
 fn post_norm(norm: &Option<RmsNorm>, h: Tensor) -> Result<Tensor> {
@@ -449,18 +464,29 @@ impl Decoder {
             x = (x * scale)?;
         }
         profile::mark("embedding", &x)?;
+        let mut input = Input::Embedded(x);
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, offset, cache.layer_mut(i)?)?;
+            input = Input::Residual(block.forward(input, offset, cache.layer_mut(i)?)?);
         }
-        if last {
-            x = x.narrow(0, tokens.len() - 1, 1)?;
-        }
-        self.head(&x)
+        self.head(input, last)
     }
 
-    /// Final norm, LM head, softcap: `[t, hidden]` -> f32 logits `[t, vocab]`.
-    fn head(&self, x: &Tensor) -> Result<Tensor> {
-        let mut logits = self.lm_head.forward(&self.norm.forward(x)?)?;
+    /// Last residual add, final norm, LM head (of the last row only when `last`), softcap:
+    /// `[t, hidden]` -> f32 logits `[t or 1, vocab]`.
+    fn head(&self, input: Input, last: bool) -> Result<Tensor> {
+        let rows = |x: &Tensor| -> Result<Tensor> {
+            let t = x.dim(0)?;
+            Ok(if last {
+                x.narrow(0, t - 1, 1)?
+            } else {
+                x.clone()
+            })
+        };
+        let normed = match input {
+            Input::Embedded(x) => self.norm.forward(&rows(&x)?)?,
+            Input::Residual((x, h)) => self.norm.add_forward(&rows(&x)?, &rows(&h)?)?.1,
+        };
+        let mut logits = self.lm_head.forward(&normed)?;
         if let Some(cap) = self.final_softcap {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
@@ -504,14 +530,13 @@ impl Decoder {
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
             }
+            let mut input = Input::Embedded(x);
             for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                x = block
-                    .forward_with(&x, |attn, normed| attn.forward_in_place(normed, k, v, len))?;
+                input = Input::Residual(block.forward_with(input, |attn, normed| {
+                    attn.forward_in_place(normed, k, v, len)
+                })?);
             }
-            if last {
-                x = x.narrow(0, t - 1, 1)?;
-            }
-            self.head(&x)
+            self.head(input, last && t > 1)
         })?;
         if logits.is_some() {
             cache.advance(tokens.len());

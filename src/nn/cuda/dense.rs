@@ -38,10 +38,18 @@ fn tensor_core_gemv() -> bool {
 /// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
 /// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
-pub struct Gemv;
+///
+/// `gated`: `x` is a fused gate/up product `[rows, 2 in]` and the product is
+/// `(silu(gate) * up) wᵀ`, the activation computed as the weights stream (tensor-core path
+/// only: see [`gated_gemv_applies`]).
+pub struct Gemv {
+    /// Multiply `silu(gate) * up` of a `[rows, 2 in]` gate/up product.
+    pub gated: bool,
+}
 
 impl Gemv {
     fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        &self,
         dev: &CudaDevice,
         name: &str,
         (x, xl): (&CudaSlice<T>, &Layout),
@@ -52,18 +60,28 @@ impl Gemv {
             candle_core::bail!("gemv: x and w must be contiguous");
         };
         let (xd, wd) = (xl.dims(), wl.dims());
-        if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS {
+        let x_width = if self.gated { 2 * wd[1] } else { wd[1] };
+        if xd.len() != 2 || wd.len() != 2 || xd[1] != x_width || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS
+        {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
-        let (rows, inp, out) = (xd[0], xd[1], wd[0]);
+        let (rows, inp, out) = (xd[0], wd[1], wd[0]);
+        let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv();
+        if self.gated && !tensor_cores {
+            candle_core::bail!("gated gemv: tensor-core path only (bf16 / f16, in % 32 == 0)");
+        }
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         let (in_arg, out_arg) = (inp as i32, out as i32);
-        if name != "f32" && inp % 32 == 0 && tensor_core_gemv() {
+        if tensor_cores {
             let nt = rows.div_ceil(8);
-            let func =
-                dev.get_or_load_custom_func(&format!("gemv_tc_{name}_n{nt}"), MODULE, PTX)?;
+            let kind = if self.gated {
+                "gemv_tc_gated"
+            } else {
+                "gemv_tc"
+            };
+            let func = dev.get_or_load_custom_func(&format!("{kind}_{name}_n{nt}"), MODULE, PTX)?;
             let rows_arg = rows as i32;
             let mut b = func.builder();
             b.arg(&x)
@@ -122,15 +140,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = Self::launch(dev, "bf16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = Self::launch(dev, "f16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = Self::launch(dev, "f32", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -143,6 +161,25 @@ impl candle_core::CustomOp2 for Gemv {
             shape,
         ))
     }
+}
+
+/// True when a gated [`Gemv`] takes the gate/up product `gate_up: [rows, 2 in]` and the down
+/// weight `w: [out, in]`: [`gemv_applies`]' conditions on the tensor-core path.
+pub fn gated_gemv_applies(gate_up: &Tensor, w: &Tensor) -> bool {
+    let (Ok((rows, width)), Ok((_, inp))) = (gate_up.dims2(), w.dims2()) else {
+        return false;
+    };
+    gate_up.device().is_cuda()
+        && (1..=GEMV_MAX_ROWS).contains(&rows)
+        && width == 2 * inp
+        && inp.is_multiple_of(32)
+        && gate_up.dtype() == w.dtype()
+        && matches!(
+            w.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16
+        )
+        && w.is_contiguous()
+        && tensor_core_gemv()
 }
 
 /// True when [`Gemv`] takes `x: [rows, in]` times `w: [out, in]ᵀ`.
