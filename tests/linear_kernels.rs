@@ -95,9 +95,9 @@ fn few_row_products_match_the_dot_products_and_each_row_alone() {
     }
 }
 
-/// The gated MLP of 1–16 rows (`down(silu(gate) * up)`; on CUDA in half precision the down
-/// product computes the activation as its weights stream) against the formula in f64, and,
-/// on CUDA, each row equal to the one-row forward bitwise.
+/// The gated MLP of 1–16 rows (`down(silu(gate) * up)`: two products and the fused
+/// activation on CUDA) against the formula in f64, and, on CUDA, each row equal to the
+/// one-row forward bitwise.
 #[test]
 fn gated_mlp_rows_match_the_formula_and_each_row_alone() {
     use specdec::nn::{Activation, GatedMlp};

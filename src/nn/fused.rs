@@ -125,27 +125,10 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::gemv_applies(x, w) {
         return Ok(Some(
-            x.contiguous()?
-                .apply_op2_no_bwd(w, &super::cuda::Gemv { gated: false })?,
+            x.contiguous()?.apply_op2_no_bwd(w, &super::cuda::Gemv)?,
         ));
     }
     let _ = (x, w);
-    Ok(None)
-}
-
-/// `(silu(gate) * up) wᵀ` of a fused `[rows, 2 in]` gate/up product and the down weight
-/// `w: [out, in]` in one kernel (the activation computed as the weights stream), on CUDA's
-/// tensor-core GEMV; `None` elsewhere.
-pub fn gated_gemv(gate_up: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    #[cfg(feature = "cuda")]
-    if super::cuda::gated_gemv_applies(gate_up, w) {
-        return Ok(Some(
-            gate_up
-                .contiguous()?
-                .apply_op2_no_bwd(w, &super::cuda::Gemv { gated: true })?,
-        ));
-    }
-    let _ = (gate_up, w);
     Ok(None)
 }
 

@@ -70,12 +70,6 @@ impl GatedMlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate_up = self.gate_up.forward(x)?;
         profile::mark("gate/up projection", &gate_up)?;
-        if self.act == Activation::Silu && self.down.bias().is_none() {
-            if let Some(out) = super::fused::gated_gemv(&gate_up, self.down.weight())? {
-                profile::mark("down projection", &out)?;
-                return Ok(out);
-            }
-        }
         let fused = match self.act {
             Activation::Silu => super::fused::silu_mul(&gate_up)?,
             _ => None,

@@ -24,32 +24,38 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
-/// Warps per block of `gemv_tc` (`GEMV_TC_WARPS` in kernels.cu).
-const GEMV_TC_WARPS: usize = 8;
+/// How bf16 / f16 products run, read once from the environment (for comparisons in one
+/// build): the tensor-core GEMV (`gemv_tc`) unless `SPECDEC_TC_GEMV=0` (the CUDA-core
+/// kernel); `SPECDEC_TC_WARPS` = 8, 16 or 32 fixes its warps per block (default: by the
+/// number of outputs); `SPECDEC_TC_CONTIG=1` gives each warp a contiguous run of inputs.
+struct TcGemv {
+    on: bool,
+    warps: Option<usize>,
+    contig: bool,
+}
 
-/// Whether bf16 / f16 products take the tensor-core GEMV (`gemv_tc`): on unless
-/// `SPECDEC_TC_GEMV=0`, which keeps the CUDA-core kernel for comparison (read once).
-fn tensor_core_gemv() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_TC_GEMV").map_or(true, |v| v != "0"))
+fn tc_gemv() -> &'static TcGemv {
+    static TC: std::sync::OnceLock<TcGemv> = std::sync::OnceLock::new();
+    TC.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok();
+        TcGemv {
+            on: var("SPECDEC_TC_GEMV").is_none_or(|v| v != "0"),
+            warps: var("SPECDEC_TC_WARPS")
+                .and_then(|v| v.parse().ok())
+                .filter(|w| matches!(w, 8 | 16 | 32)),
+            contig: var("SPECDEC_TC_CONTIG").is_some_and(|v| v == "1"),
+        }
+    })
 }
 
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
 /// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
 /// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
-///
-/// `gated`: `x` is a fused gate/up product `[rows, 2 in]` and the product is
-/// `(silu(gate) * up) wᵀ`, the activation computed as the weights stream (tensor-core path
-/// only: see [`gated_gemv_applies`]).
-pub struct Gemv {
-    /// Multiply `silu(gate) * up` of a `[rows, 2 in]` gate/up product.
-    pub gated: bool,
-}
+pub struct Gemv;
 
 impl Gemv {
     fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
-        &self,
         dev: &CudaDevice,
         name: &str,
         (x, xl): (&CudaSlice<T>, &Layout),
@@ -60,16 +66,11 @@ impl Gemv {
             candle_core::bail!("gemv: x and w must be contiguous");
         };
         let (xd, wd) = (xl.dims(), wl.dims());
-        let x_width = if self.gated { 2 * wd[1] } else { wd[1] };
-        if xd.len() != 2 || wd.len() != 2 || xd[1] != x_width || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS
-        {
+        if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
-        let (rows, inp, out) = (xd[0], wd[1], wd[0]);
-        let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv();
-        if self.gated && !tensor_cores {
-            candle_core::bail!("gated gemv: tensor-core path only (bf16 / f16, in % 32 == 0)");
-        }
+        let (rows, inp, out) = (xd[0], xd[1], wd[0]);
+        let tc = tc_gemv();
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
@@ -91,8 +92,8 @@ impl Gemv {
                 .arg(&in_arg)
                 .arg(&out_arg);
             let cfg = LaunchConfig {
-                grid_dim: (out.div_ceil(16) as u32, 1, 1),
-                block_dim: ((GEMV_TC_WARPS * 32) as u32, 1, 1),
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
@@ -140,15 +141,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl))?;
+                let (y, s) = Self::launch(dev, "bf16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl))?;
+                let (y, s) = Self::launch(dev, "f16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl))?;
+                let (y, s) = Self::launch(dev, "f32", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -161,25 +162,6 @@ impl candle_core::CustomOp2 for Gemv {
             shape,
         ))
     }
-}
-
-/// True when a gated [`Gemv`] takes the gate/up product `gate_up: [rows, 2 in]` and the down
-/// weight `w: [out, in]`: [`gemv_applies`]' conditions on the tensor-core path.
-pub fn gated_gemv_applies(gate_up: &Tensor, w: &Tensor) -> bool {
-    let (Ok((rows, width)), Ok((_, inp))) = (gate_up.dims2(), w.dims2()) else {
-        return false;
-    };
-    gate_up.device().is_cuda()
-        && (1..=GEMV_MAX_ROWS).contains(&rows)
-        && width == 2 * inp
-        && inp.is_multiple_of(32)
-        && gate_up.dtype() == w.dtype()
-        && matches!(
-            w.dtype(),
-            candle_core::DType::BF16 | candle_core::DType::F16
-        )
-        && w.is_contiguous()
-        && tensor_core_gemv()
 }
 
 /// True when [`Gemv`] takes `x: [rows, in]` times `w: [out, in]ᵀ`.

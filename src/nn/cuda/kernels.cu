@@ -718,116 +718,96 @@ GEMV_ROWS(__half, f16)
 // per 8 rows, NT of them). Each lane loads 16 bytes of two weight rows (outputs grp and
 // grp + 8) and of one x row per 32-input chunk: the mma's k order is a permutation of the
 // chunk's inputs, the same for A and B, so the dot products are exact sums of the chunk.
-// Block: GEMV_TC_WARPS warps on 16 outputs, warp w taking chunks w, w + WARPS, ... (the block
-// reads 512 contiguous bytes of each row per step), GEMV_TC_UNROLL chunks in flight per warp,
-// each into its own accumulator (short mma dependency chains); the accumulators, then the
-// warps' partial sums, are added in a fixed order. Nothing in a row's sums depends on how
-// many rows there are, so a decode step and a verification row compute bitwise the same
-// outputs.
-//
-// GATED: x is a fused gate/up product [rows, 2 in] and the B operand is silu(gate) * up,
-// rounded to T as the separate activation kernel rounds it (the MLP's down projection
-// without its activation kernel).
-// `in` is a multiple of 32. Grid: x = ceil(out / 16). Block: GEMV_TC_WARPS * 32.
-constexpr int GEMV_TC_WARPS = 8, GEMV_TC_UNROLL = 4;
-template <typename T, int NT, bool GATED>
+// Block: WARPS warps on 16 outputs (more warps where there are few outputs, so enough loads
+// are in flight), GEMV_TC_UNROLL chunks in flight per warp. CONTIG: warp w takes a
+// contiguous run of chunks; else chunks w, w + WARPS, ... Each warp adds its chunks in order,
+// then the warps' partial sums are added in warp order: nothing in a row's sums depends on
+// how many rows there are, so a decode step and a verification row compute bitwise the
+// same outputs.
+// `in` is a multiple of 32. Grid: x = ceil(out / 16). Block: WARPS * 32.
+constexpr int GEMV_TC_UNROLL = 4;
+template <typename T, int NT, int WARPS, bool CONTIG>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int o0 = blockIdx.x * 16;
   const T *wa = w + (long)min(o0 + grp, out - 1) * in + 8 * tig;
   const T *wb = w + (long)min(o0 + grp + 8, out - 1) * in + 8 * tig;
-  const long x_row = GATED ? 2L * in : (long)in;
   const T *xr[NT];
   bool xlive[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     xlive[n] = n * 8 + grp < rows;
-    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * x_row + 8 * tig;
+    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * tig;
   }
-  float c[GEMV_TC_UNROLL][NT][4];
+  float c[NT][4];
 #pragma unroll
-  for (int u = 0; u < GEMV_TC_UNROLL; ++u)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) c[u][n][0] = c[u][n][1] = c[u][n][2] = c[u][n][3] = 0.f;
+  for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  constexpr int STRIDE = GEMV_TC_WARPS * 32;  // inputs between a warp's chunks
-  for (int base = warp * 32; base < in; base += STRIDE * GEMV_TC_UNROLL) {
-    // Unconditional loads (a chunk past `in` reads chunk 0 again and is skipped), so all of
-    // them are in flight before the first mma.
+  // This warp's chunks: [first, end) with step `step` (in units of 32 inputs).
+  const int chunks = in / 32;
+  const int per = (chunks + WARPS - 1) / WARPS;
+  const int first = CONTIG ? warp * per : warp;
+  const int end = CONTIG ? min(chunks, first + per) : chunks;
+  const int step = CONTIG ? 1 : WARPS;
+  for (int ch = first; ch < end; ch += step * GEMV_TC_UNROLL) {
+    // Unconditional loads (a chunk past the end reads this warp's first again and is
+    // skipped), so all of them are in flight before the first mma.
     uint4 a0[GEMV_TC_UNROLL], a1[GEMV_TC_UNROLL], b[NT][GEMV_TC_UNROLL];
-    uint4 g[GATED ? NT : 1][GATED ? GEMV_TC_UNROLL : 1];
 #pragma unroll
     for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
-      const int k = base + u * STRIDE < in ? base + u * STRIDE : 0;
+      const int cu = ch + u * step;
+      const int k = (cu < end ? cu : first) * 32;
       a0[u] = __ldg(reinterpret_cast<const uint4 *>(wa + k));
       a1[u] = __ldg(reinterpret_cast<const uint4 *>(wb + k));
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        if (GATED) {
-          g[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
-          b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + in + k);
-        } else {
-          b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
-        }
-      }
+      for (int n = 0; n < NT; ++n) b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
     }
 #pragma unroll
     for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
-      if (base + u * STRIDE >= in) break;  // warp-uniform
+      if (ch + u * step >= end) break;  // warp-uniform
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        uint4 bb = xlive[n] ? b[n][u] : zero;
-        if (GATED && xlive[n]) {
-          const T *gv = reinterpret_cast<const T *>(&g[n][u]);
-          T *uv = reinterpret_cast<T *>(&bb);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float gf = to_f32(gv[e]);
-            uv[e] = from_f32<T>(gf / (1.f + __expf(-gf)) * to_f32(uv[e]));
-          }
-        }
-        mma16816<T>(c[u][n], a0[u].x, a1[u].x, a0[u].y, a1[u].y, bb.x, bb.y);
-        mma16816<T>(c[u][n], a0[u].z, a1[u].z, a0[u].w, a1[u].w, bb.z, bb.w);
+        const uint4 bb = xlive[n] ? b[n][u] : zero;
+        mma16816<T>(c[n], a0[u].x, a1[u].x, a0[u].y, a1[u].y, bb.x, bb.y);
+        mma16816<T>(c[n], a0[u].z, a1[u].z, a0[u].w, a1[u].w, bb.z, bb.w);
       }
     }
   }
-  __shared__ float red[GEMV_TC_WARPS][NT][32][4];
+  __shared__ float red[WARPS][NT][32][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float s = c[0][n][e];
-#pragma unroll
-      for (int u = 1; u < GEMV_TC_UNROLL; ++u) s += c[u][n][e];
-      red[warp][n][lane][e] = s;
-    }
+    for (int e = 0; e < 4; ++e) red[warp][n][lane][e] = c[n][e];
   __syncthreads();
-  // Thread i sums output o0 + i / 16 for row i % 16 (c's layout: lane 4 * (o % 8) + r / 2,
-  // element 2 * (o / 8) + r % 2 within n-tile r / 8).
+  // Thread i < 256 sums output o0 + i / 16 for row i % 16 (c's layout: lane
+  // 4 * (o % 8) + r / 2, element 2 * (o / 8) + r % 2 within n-tile r / 8).
   const int o = threadIdx.x / 16, r = threadIdx.x % 16, n = r / 8, col = r % 8;
-  if (n < NT && r < rows && o0 + o < out) {
+  if (threadIdx.x < 256 && n < NT && r < rows && o0 + o < out) {
     const int l = (o % 8) * 4 + col / 2, e = (o / 8) * 2 + col % 2;
     float sum = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < GEMV_TC_WARPS; ++wi) sum += red[wi][n][l][e];
+    for (int wi = 0; wi < WARPS; ++wi) sum += red[wi][n][l][e];
     y[(long)r * out + o0 + o] = from_f32<T>(sum);
   }
 }
 
-#define GEMV_TC(NAME, T, NT, GATED)                                                            \
-  extern "C" __global__ void __launch_bounds__(GEMV_TC_WARPS * 32)                             \
+#define GEMV_TC1(NAME, T, NT, W, C)                                                            \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                         \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
-    gemv_tc<T, NT, GATED>(x, w, y, rows, in, out);                                             \
+    gemv_tc<T, NT, W, C>(x, w, y, rows, in, out);                                              \
   }
-GEMV_TC(gemv_tc_bf16_n1, __nv_bfloat16, 1, false)
-GEMV_TC(gemv_tc_bf16_n2, __nv_bfloat16, 2, false)
-GEMV_TC(gemv_tc_f16_n1, __half, 1, false)
-GEMV_TC(gemv_tc_f16_n2, __half, 2, false)
-GEMV_TC(gemv_tc_gated_bf16_n1, __nv_bfloat16, 1, true)
-GEMV_TC(gemv_tc_gated_bf16_n2, __nv_bfloat16, 2, true)
-GEMV_TC(gemv_tc_gated_f16_n1, __half, 1, true)
-GEMV_TC(gemv_tc_gated_f16_n2, __half, 2, true)
+#define GEMV_TC(T, NAME, NT)                                                                   \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8, T, NT, 8, false)                                       \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16, T, NT, 16, false)                                     \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32, T, NT, 32, false)                                     \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8c, T, NT, 8, true)                                       \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16c, T, NT, 16, true)                                     \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32c, T, NT, 32, true)
+GEMV_TC(__nv_bfloat16, bf16, 1)
+GEMV_TC(__nv_bfloat16, bf16, 2)
+GEMV_TC(__half, f16, 1)
+GEMV_TC(__half, f16, 2)
 
 // Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
 // gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.

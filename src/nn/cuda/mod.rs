@@ -96,4 +96,4 @@ pub use attention::{
     flash_attention_applies, split_attention_applies, CausalSoftmax, FlashAttention, RopeStore,
     SplitAttention,
 };
-pub use dense::{gated_gemv_applies, gemv_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};
+pub use dense::{gemv_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};
