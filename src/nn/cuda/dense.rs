@@ -75,14 +75,21 @@ impl Gemv {
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         let (in_arg, out_arg) = (inp as i32, out as i32);
-        if tensor_cores {
+        if name != "f32" && inp.is_multiple_of(32) && tc.on {
             let nt = rows.div_ceil(8);
-            let kind = if self.gated {
-                "gemv_tc_gated"
-            } else {
-                "gemv_tc"
-            };
-            let func = dev.get_or_load_custom_func(&format!("{kind}_{name}_n{nt}"), MODULE, PTX)?;
+            let blocks = out.div_ceil(16);
+            // Enough warps in flight where there are few outputs (few blocks).
+            let warps = tc.warps.unwrap_or(match blocks {
+                0..200 => 32,
+                200..600 => 16,
+                _ => 8,
+            });
+            let contig = if tc.contig { "c" } else { "" };
+            let func = dev.get_or_load_custom_func(
+                &format!("gemv_tc_{name}_n{nt}_w{warps}{contig}"),
+                MODULE,
+                PTX,
+            )?;
             let rows_arg = rows as i32;
             let mut b = func.builder();
             b.arg(&x)
