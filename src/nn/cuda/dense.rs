@@ -24,33 +24,22 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
-/// How bf16 / f16 products run, read once from the environment (for comparisons in one
-/// build): the tensor-core GEMV (`gemv_tc`) unless `SPECDEC_TC_GEMV=0` (the CUDA-core
-/// kernel); `SPECDEC_TC_WARPS` = 8, 16 or 32 fixes its warps per block (default: by the
-/// number of outputs); `SPECDEC_TC_CONTIG=1` gives each warp a contiguous run of inputs.
-struct TcGemv {
-    on: bool,
-    warps: Option<usize>,
-    contig: bool,
-}
+/// Warps per block of `gemv_tc` (`GEMV_TC_WARPS` in kernels.cu).
+const GEMV_TC_WARPS: usize = 8;
+/// Inputs per tile of `gemv_tc` (`GEMV_TC_K`): it takes widths that are multiples of it.
+const GEMV_TC_K: usize = 128;
 
-fn tc_gemv() -> &'static TcGemv {
-    static TC: std::sync::OnceLock<TcGemv> = std::sync::OnceLock::new();
-    TC.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok();
-        TcGemv {
-            on: var("SPECDEC_TC_GEMV").is_none_or(|v| v != "0"),
-            warps: var("SPECDEC_TC_WARPS")
-                .and_then(|v| v.parse().ok())
-                .filter(|w| matches!(w, 8 | 16 | 32)),
-            contig: var("SPECDEC_TC_CONTIG").is_some_and(|v| v == "1"),
-        }
-    })
+/// Whether bf16 / f16 products take the tensor-core GEMV (`gemv_tc`): on unless
+/// `SPECDEC_TC_GEMV=0` (the CUDA-core kernel, for comparisons in one build; read once).
+fn tensor_core_gemv() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_TC_GEMV").map_or(true, |v| v != "0"))
 }
 
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
 /// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
-/// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
+/// `in` a multiple of 128, else `gemv` (CUDA cores); either way every row count of one
+/// product takes the same kernel. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
 pub struct Gemv;
 
@@ -70,26 +59,15 @@ impl Gemv {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
         let (rows, inp, out) = (xd[0], xd[1], wd[0]);
-        let tc = tc_gemv();
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         let (in_arg, out_arg) = (inp as i32, out as i32);
-        if name != "f32" && inp.is_multiple_of(32) && tc.on {
+        if name != "f32" && inp.is_multiple_of(GEMV_TC_K) && tensor_core_gemv() {
             let nt = rows.div_ceil(8);
             let blocks = out.div_ceil(16);
-            // Enough warps in flight where there are few outputs (few blocks).
-            let warps = tc.warps.unwrap_or(match blocks {
-                0..200 => 32,
-                200..600 => 16,
-                _ => 8,
-            });
-            let contig = if tc.contig { "c" } else { "" };
-            let func = dev.get_or_load_custom_func(
-                &format!("gemv_tc_{name}_n{nt}_w{warps}{contig}"),
-                MODULE,
-                PTX,
-            )?;
+            let func =
+                dev.get_or_load_custom_func(&format!("gemv_tc_{name}_n{nt}"), MODULE, PTX)?;
             let rows_arg = rows as i32;
             let mut b = func.builder();
             b.arg(&x)
@@ -100,10 +78,10 @@ impl Gemv {
                 .arg(&out_arg);
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
-                block_dim: ((warps * 32) as u32, 1, 1),
+                block_dim: ((GEMV_TC_WARPS * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
+            // SAFETY: matches `gemv_tc`; `in` is a multiple of the 128-input tile, rows and
             // outputs past the ends are clamped on load and never written.
             unsafe { b.launch(cfg) }.w()?;
             return Ok((y, Shape::from((rows, out))));
