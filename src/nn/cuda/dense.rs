@@ -24,11 +24,6 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
-/// Warps per block of `gemv_tc` (`GEMV_TC_WARPS` in kernels.cu).
-const GEMV_TC_WARPS: usize = 8;
-/// Inputs per tile of `gemv_tc` (`GEMV_TC_K`): it takes widths that are multiples of it.
-const GEMV_TC_K: usize = 128;
-
 /// Whether bf16 / f16 products take the tensor-core GEMV (`gemv_tc`): on unless
 /// `SPECDEC_TC_GEMV=0` (the CUDA-core kernel, for comparisons in one build; read once).
 fn tensor_core_gemv() -> bool {
@@ -38,8 +33,7 @@ fn tensor_core_gemv() -> bool {
 
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
 /// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
-/// `in` a multiple of 128, else `gemv` (CUDA cores); either way every row count of one
-/// product takes the same kernel. Inputs of [`candle_core::CustomOp2`]:
+/// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
 pub struct Gemv;
 
@@ -63,11 +57,20 @@ impl Gemv {
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         let (in_arg, out_arg) = (inp as i32, out as i32);
-        if name != "f32" && inp.is_multiple_of(GEMV_TC_K) && tensor_core_gemv() {
+        if name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv() {
             let nt = rows.div_ceil(8);
             let blocks = out.div_ceil(16);
-            let func =
-                dev.get_or_load_custom_func(&format!("gemv_tc_{name}_n{nt}"), MODULE, PTX)?;
+            // Enough warps in flight where there are few outputs (few blocks).
+            let warps = match blocks {
+                0..200 => 32,
+                200..600 => 16,
+                _ => 8,
+            };
+            let func = dev.get_or_load_custom_func(
+                &format!("gemv_tc_{name}_n{nt}_w{warps}"),
+                MODULE,
+                PTX,
+            )?;
             let rows_arg = rows as i32;
             let mut b = func.builder();
             b.arg(&x)
@@ -78,10 +81,10 @@ impl Gemv {
                 .arg(&out_arg);
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
-                block_dim: ((GEMV_TC_WARPS * 32) as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: matches `gemv_tc`; `in` is a multiple of the 128-input tile, rows and
+            // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written.
             unsafe { b.launch(cfg) }.w()?;
             return Ok((y, Shape::from((rows, out))));

@@ -713,116 +713,95 @@ GEMV_ROWS(float, f32)
 GEMV_ROWS(__nv_bfloat16, bf16)
 GEMV_ROWS(__half, f16)
 
-// The same product on tensor cores for bf16 / f16 and up to 16 rows, with the CUDA-core
-// kernel's memory pattern: the weight is the mma's A operand (16 outputs x 16 inputs), the
-// rows its B operand (16 inputs x 8 rows, one n-tile per 8 rows, NT of them).
-// Block: GEMV_TC_WARPS warps on 16 outputs; warp w takes the 128-input tiles w, w + WARPS,
-// ..., two at a time. A half-warp reads 256 contiguous bytes of one weight row per load
-// (16 rows x 128 inputs = 8 loads per lane and tile, all of both tiles in flight at once),
-// the warp stages a tile in its own shared memory (16-byte chunks XOR-swizzled by row, so
-// neither the stores nor `ldmatrix` conflict on banks) and `ldmatrix` hands out the A
-// fragments. Each warp adds its tiles in order, then the warps' partial sums are added in
-// warp order: nothing in a row's sums depends on how many rows there are, so a decode step
-// and a verification row compute bitwise the same outputs.
-// `in` is a multiple of 128. Grid: x = ceil(out / 16). Block: GEMV_TC_WARPS * 32.
-constexpr int GEMV_TC_WARPS = 8, GEMV_TC_K = 128;
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-template <typename T, int NT>
+// The same product on tensor cores for bf16 / f16 and up to 16 rows: the weight is the mma's
+// A operand (16 outputs x 16 inputs), the rows its B operand (16 inputs x 8 rows, one n-tile
+// per 8 rows, NT of them). Each lane loads 16 bytes of two weight rows (outputs grp and
+// grp + 8) and of one x row per 32-input chunk: the mma's k order is a permutation of the
+// chunk's inputs, the same for A and B, so the dot products are exact sums of the chunk.
+// Block: WARPS warps on 16 outputs (more warps where there are few outputs, so enough loads
+// are in flight), warp w taking chunks w, w + WARPS, ... (the block reads 512 contiguous
+// bytes of each row per step), GEMV_TC_UNROLL chunks in flight per warp. Each warp adds its
+// chunks in order,
+// then the warps' partial sums are added in warp order: nothing in a row's sums depends on
+// how many rows there are, so a decode step and a verification row compute bitwise the
+// same outputs.
+// `in` is a multiple of 32. Grid: x = ceil(out / 16). Block: WARPS * 32.
+constexpr int GEMV_TC_UNROLL = 4;
+template <typename T, int NT, int WARPS>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out) {
-  __shared__ __align__(16) T stage[GEMV_TC_WARPS][16][GEMV_TC_K];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int o0 = blockIdx.x * 16;
-  const int half = lane / 16, cl = lane % 16;
-  // Row 2 i + half of the tile, chunk cl, for load i.
-  const T *wl[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) wl[i] = w + (long)min(o0 + 2 * i + half, out - 1) * in + cl * 8;
+  const T *wa = w + (long)min(o0 + grp, out - 1) * in + 8 * tig;
+  const T *wb = w + (long)min(o0 + grp + 8, out - 1) * in + 8 * tig;
   const T *xr[NT];
   bool xlive[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     xlive[n] = n * 8 + grp < rows;
-    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 2 * tig;
+    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * tig;
   }
-  T(*st)[GEMV_TC_K] = stage[warp];
   float c[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
-  const int tiles = in / GEMV_TC_K;
-  for (int t0 = warp; t0 < tiles; t0 += 2 * GEMV_TC_WARPS) {
-    const int t1 = t0 + GEMV_TC_WARPS;
-    const bool two = t1 < tiles;  // warp-uniform
-    uint4 v[2][8];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  // This warp's chunks (of 32 inputs): first, first + step, ... below end.
+  const int first = warp, end = in / 32, step = WARPS;
+  for (int ch = first; ch < end; ch += step * GEMV_TC_UNROLL) {
+    // Unconditional loads (a chunk past the end reads this warp's first again and is
+    // skipped), so all of them are in flight before the first mma.
+    uint4 a0[GEMV_TC_UNROLL], a1[GEMV_TC_UNROLL], b[NT][GEMV_TC_UNROLL];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      v[0][i] = __ldg(reinterpret_cast<const uint4 *>(wl[i] + (long)t0 * GEMV_TC_K));
-      v[1][i] = __ldg(reinterpret_cast<const uint4 *>(wl[i] + (long)(two ? t1 : t0) * GEMV_TC_K));
+    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+      const int cu = ch + u * step;
+      const int k = (cu < end ? cu : first) * 32;
+      a0[u] = __ldg(reinterpret_cast<const uint4 *>(wa + k));
+      a1[u] = __ldg(reinterpret_cast<const uint4 *>(wb + k));
+#pragma unroll
+      for (int n = 0; n < NT; ++n) b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (h == 1 && !two) break;
-      const int k_base = (h ? t1 : t0) * GEMV_TC_K;
-      __syncwarp();  // the previous tile's ldmatrix reads are done
+    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+      if (ch + u * step >= end) break;  // warp-uniform
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 2 * i + half;
-        *reinterpret_cast<uint4 *>(&st[r][(cl ^ (r & 7)) * 8]) = v[h][i];
-      }
-      __syncwarp();
-#pragma unroll
-      for (int s = 0; s < GEMV_TC_K / 16; ++s) {
-        const int r = (lane % 8) + 8 * ((lane / 8) % 2), chunk = 2 * s + lane / 16;
-        uint32_t a[4];
-        ldsm_x4(a, &st[r][(chunk ^ (r & 7)) * 8]);
-        const int k = k_base + 16 * s;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          uint32_t b0 = 0u, b1 = 0u;
-          if (xlive[n]) {
-            b0 = *reinterpret_cast<const uint32_t *>(xr[n] + k);
-            b1 = *reinterpret_cast<const uint32_t *>(xr[n] + k + 8);
-          }
-          mma16816<T>(c[n], a, b0, b1);
-        }
+      for (int n = 0; n < NT; ++n) {
+        const uint4 bb = xlive[n] ? b[n][u] : zero;
+        mma16816<T>(c[n], a0[u].x, a1[u].x, a0[u].y, a1[u].y, bb.x, bb.y);
+        mma16816<T>(c[n], a0[u].z, a1[u].z, a0[u].w, a1[u].w, bb.z, bb.w);
       }
     }
   }
-  __syncthreads();
-  // Reuse the staging memory for the warps' partial sums.
-  float(*red)[NT][32][4] = reinterpret_cast<float(*)[NT][32][4]>(&stage[0][0][0]);
-  static_assert(sizeof(stage) >= sizeof(float) * GEMV_TC_WARPS * 2 * 32 * 4, "red fits");
+  __shared__ float red[WARPS][NT][32][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[warp][n][lane][e] = c[n][e];
   __syncthreads();
-  // Thread i sums output o0 + i / 16 for row i % 16 (c's layout: lane 4 * (o % 8) + r / 2,
-  // element 2 * (o / 8) + r % 2 within n-tile r / 8).
+  // Thread i < 256 sums output o0 + i / 16 for row i % 16 (c's layout: lane
+  // 4 * (o % 8) + r / 2, element 2 * (o / 8) + r % 2 within n-tile r / 8).
   const int o = threadIdx.x / 16, r = threadIdx.x % 16, n = r / 8, col = r % 8;
-  if (n < NT && r < rows && o0 + o < out) {
+  if (threadIdx.x < 256 && n < NT && r < rows && o0 + o < out) {
     const int l = (o % 8) * 4 + col / 2, e = (o / 8) * 2 + col % 2;
     float sum = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < GEMV_TC_WARPS; ++wi) sum += red[wi][n][l][e];
+    for (int wi = 0; wi < WARPS; ++wi) sum += red[wi][n][l][e];
     y[(long)r * out + o0 + o] = from_f32<T>(sum);
   }
 }
 
-#define GEMV_TC(NAME, T, NT)                                                                   \
-  extern "C" __global__ void __launch_bounds__(GEMV_TC_WARPS * 32)                             \
+#define GEMV_TC1(NAME, T, NT, W)                                                               \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                         \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
-    gemv_tc<T, NT>(x, w, y, rows, in, out);                                                    \
+    gemv_tc<T, NT, W>(x, w, y, rows, in, out);                                                 \
   }
-GEMV_TC(gemv_tc_bf16_n1, __nv_bfloat16, 1)
-GEMV_TC(gemv_tc_bf16_n2, __nv_bfloat16, 2)
-GEMV_TC(gemv_tc_f16_n1, __half, 1)
-GEMV_TC(gemv_tc_f16_n2, __half, 2)
+#define GEMV_TC(T, NAME, NT)                                                                   \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8, T, NT, 8)                                              \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16, T, NT, 16)                                            \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32, T, NT, 32)
+GEMV_TC(__nv_bfloat16, bf16, 1)
+GEMV_TC(__nv_bfloat16, bf16, 2)
+GEMV_TC(__half, f16, 1)
+GEMV_TC(__half, f16, 2)
 
 // Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
 // gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.
