@@ -37,12 +37,56 @@ pub struct SplitAttention {
     pub len: Option<(Tensor, usize)>,
 }
 
-fn dims4(l: &Layout, what: &str) -> candle_core::Result<([usize; 4], [usize; 4])> {
+fn dims4(l: &Layout, op: &str, what: &str) -> candle_core::Result<([usize; 4], [usize; 4])> {
     let (d, s) = (l.dims(), l.stride());
     if d.len() != 4 || d[0] != 1 || s[3] != 1 {
-        candle_core::bail!("split attention: {what} must be [1, heads, rows, d] with contiguous rows, got dims {d:?} strides {s:?}");
+        candle_core::bail!("{op}: {what} must be [1, heads, rows, d] with contiguous rows, got dims {d:?} strides {s:?}");
     }
     Ok(([d[0], d[1], d[2], d[3]], [s[0], s[1], s[2], s[3]]))
+}
+
+/// The geometry of `q: [1, heads, t, d]` over the cache views `k`, `v: [1, kv_heads, len, d]`
+/// (equal views, key rows `d` apart, `kv_heads` dividing `heads`, `0 < t <= len`), checked
+/// for `op`.
+struct QkvShape {
+    heads: usize,
+    kv_heads: usize,
+    t: usize,
+    len: usize,
+    d: usize,
+    /// Strides of q's heads and rows, of the cache's heads.
+    q_head: usize,
+    q_row: usize,
+    kv_head: usize,
+}
+
+fn qkv_shape(op: &str, ql: &Layout, kl: &Layout, vl: &Layout) -> candle_core::Result<QkvShape> {
+    let (qd, qs) = dims4(ql, op, "q")?;
+    let (kd, ks) = dims4(kl, op, "k")?;
+    let (vd, vs) = dims4(vl, op, "v")?;
+    let [_, heads, t, d] = qd;
+    let [_, kv_heads, len, kdim] = kd;
+    // Dim 0 has size 1: its stride is whatever the buffer's was and is never used.
+    if vd != kd || vs[1..] != ks[1..] || kdim != d || ks[2] != d || kv_heads == 0 {
+        candle_core::bail!(
+            "{op}: k {kd:?}/{ks:?} and v {vd:?}/{vs:?} must be equal cache views of head_dim {d}"
+        );
+    }
+    if heads % kv_heads != 0 || t == 0 || t > len {
+        candle_core::bail!(
+            "{op}: {heads} heads over {kv_heads} kv heads, {t} queries over {len} keys"
+        );
+    }
+    Ok(QkvShape {
+        heads,
+        kv_heads,
+        t,
+        len,
+        d,
+        q_head: qs[1],
+        q_row: qs[2],
+        kv_head: ks[1],
+    })
 }
 
 impl SplitAttention {
@@ -55,18 +99,16 @@ impl SplitAttention {
         (k, kl): (&CudaSlice<T>, &Layout),
         (v, vl): (&CudaSlice<T>, &Layout),
     ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
-        let (qd, qs) = dims4(ql, "q")?;
-        let (kd, ks) = dims4(kl, "k")?;
-        let (vd, vs) = dims4(vl, "v")?;
-        let [_, heads, t, d] = qd;
-        let [_, kv_heads, len, kdim] = kd;
-        // Dim 0 has size 1: its stride is whatever the buffer's was and is never used.
-        if vd != kd || vs[1..] != ks[1..] || kdim != d || ks[2] != d || kv_heads == 0 {
-            candle_core::bail!("split attention: k {kd:?}/{ks:?} and v {vd:?}/{vs:?} must be equal cache views of head_dim {d}");
-        }
-        if heads % kv_heads != 0 || t == 0 || t > len {
-            candle_core::bail!("split attention: {heads} heads over {kv_heads} kv heads, {t} queries over {len} keys");
-        }
+        let QkvShape {
+            heads,
+            kv_heads,
+            t,
+            len,
+            d,
+            q_head,
+            q_row,
+            kv_head,
+        } = qkv_shape("split attention", ql, kl, vl)?;
         let group = heads / kv_heads;
         let max_len = self.len.as_ref().map_or(len, |(_, m)| *m);
         // Whole 128-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
@@ -98,7 +140,7 @@ impl SplitAttention {
         };
         let (len_arg, t_arg, heads_arg, group_arg) =
             (len as u32, t as i32, heads as i32, group as i32);
-        let (q_head, q_row, kv_head) = (qs[1] as i64, qs[2] as i64, ks[1] as i64);
+        let (q_head, q_row, kv_head) = (q_head as i64, q_row as i64, kv_head as i64);
         let (split_len, window) = (split_len as i32, self.window.unwrap_or(0) as i32);
         let softcap = self.softcap.unwrap_or(0.0) as f32;
         b.arg(&len_arg).arg(&t_arg).arg(&heads_arg).arg(&group_arg);
@@ -174,17 +216,16 @@ impl FlashAttention {
                 "flash attention: f32 has no tensor-core path; take the chunked one"
             );
         }
-        let (qd, qs) = dims4(ql, "q")?;
-        let (kd, ks) = dims4(kl, "k")?;
-        let (vd, vs) = dims4(vl, "v")?;
-        let [_, heads, t, d] = qd;
-        let [_, kv_heads, len, kdim] = kd;
-        if vd != kd || vs[1..] != ks[1..] || kdim != d || ks[2] != d || kv_heads == 0 {
-            candle_core::bail!("flash attention: k {kd:?}/{ks:?} and v {vd:?}/{vs:?} must be equal cache views of head_dim {d}");
-        }
-        if heads % kv_heads != 0 || t == 0 || t > len {
-            candle_core::bail!("flash attention: {heads} heads over {kv_heads} kv heads, {t} queries over {len} keys");
-        }
+        let QkvShape {
+            heads,
+            kv_heads,
+            t,
+            len,
+            d,
+            q_head,
+            q_row,
+            kv_head,
+        } = qkv_shape("flash attention", ql, kl, vl)?;
         // SAFETY: the kernel writes every element of the t rows.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
         let func = dev.get_or_load_custom_func(&format!("flash_attn_{name}_d{d}"), MODULE, PTX)?;
@@ -197,7 +238,7 @@ impl FlashAttention {
             heads as i32,
             (heads / kv_heads) as i32,
         );
-        let (q_head, q_row, kv_head) = (qs[1] as i64, qs[2] as i64, ks[1] as i64);
+        let (q_head, q_row, kv_head) = (q_head as i64, q_row as i64, kv_head as i64);
         let window = self.window.unwrap_or(0) as i32;
         let softcap = self.softcap.unwrap_or(0.0) as f32;
         let mut b = func.builder();
