@@ -125,7 +125,24 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::gemv_applies(x, w) {
         return Ok(Some(
-            x.contiguous()?.apply_op2_no_bwd(w, &super::cuda::Gemv)?,
+            x.contiguous()?
+                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: false })?,
+        ));
+    }
+    let _ = (x, w);
+    Ok(None)
+}
+
+/// `silu(x gᵀ) * (x uᵀ)` for a few rows `x: [rows, in]` and a gated MLP's fused gate/up
+/// weight `w: [2 inter, in]` (gate rows first), in one GEMV whose blocks pair each gate row
+/// with its up row (CUDA, bf16 / f16), in the arithmetic of [`gemv`] then [`silu_mul`]. `None` off CUDA
+/// or for shapes it does not take.
+pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if super::cuda::silu_gate_applies(x, w) {
+        return Ok(Some(
+            x.contiguous()?
+                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: true })?,
         ));
     }
     let _ = (x, w);

@@ -30,6 +30,11 @@ impl Linear {
         &self.weight
     }
 
+    /// The `[out]` bias, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// `x: [t, in]` -> `[t, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = if super::skinny::applies(x, &self.weight) {

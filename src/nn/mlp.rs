@@ -68,6 +68,15 @@ impl GatedMlp {
 
     /// `x: [t, hidden]` -> `[t, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // Decode and verification rows on CUDA: the SiLU rides in the gate/up product.
+        if self.act == Activation::Silu && self.gate_up.bias().is_none() {
+            if let Some(h) = super::fused::silu_gate_gemv(x, self.gate_up.weight())? {
+                profile::mark("gate/up projection", &h)?;
+                let out = self.down.forward(&h)?;
+                profile::mark("down projection", &out)?;
+                return Ok(out);
+            }
+        }
         let gate_up = self.gate_up.forward(x)?;
         profile::mark("gate/up projection", &gate_up)?;
         let fused = match self.act {

@@ -1,13 +1,12 @@
 //! Attention kernels: split attention over a KV cache read in place, the causal softmax of
 //! a prefill chunk's scores, RoPE with the K/V store at positions read from the device.
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, InplaceOp1, Layout, Shape, Storage, Tensor};
 
-use super::{view, MODULE, PTX};
+use super::launch::Launch;
+use super::view;
 
 /// Warps per block of the split kernel (`WARPS` in kernels.cu).
 const WARPS: u32 = 4;
@@ -17,9 +16,12 @@ const WARPS: u32 = 4;
 pub const SPLIT_LEN: usize = 128;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 1024;
+/// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
+/// kernel's per-(row, head) count of finished splits).
+const ATTN_COUNTERS: usize = 8192;
 
-/// Attention of the `t` newest positions over a KV cache, in two kernels (per-split partial
-/// softmax, then the combine), reading K/V once in place: no copy of the cache, no mask
+/// Attention of the `t` newest positions over a KV cache in one kernel (per-split partial
+/// softmax; the last split of each query head combines), reading K/V once in place: no copy of the cache, no mask
 /// tensor, no `[t, len]` scores in memory.
 ///
 /// Inputs of [`CustomOp3`]: `q: [1, heads, t, d]` (rows and heads may be strided, elements
@@ -115,11 +117,18 @@ impl SplitAttention {
         // weight per split in shared memory).
         let split_len = SPLIT_LEN * max_len.div_ceil(SPLIT_LEN * MAX_SPLITS).max(1);
         let splits = max_len.div_ceil(split_len);
-        // SAFETY: every block writes its whole partial row (empty splits included).
+        if t * heads > ATTN_COUNTERS {
+            candle_core::bail!(
+                "split attention: {t} rows of {heads} heads exceed the kernel's {ATTN_COUNTERS} split counters"
+            );
+        }
+        // SAFETY: each live split block writes its partial row before the combine reads it;
+        // splits without a visible key are never read.
         let part = unsafe { dev.alloc::<f32>(t * heads * splits * (d + 2))? };
+        // SAFETY: the last split block of each (row, head) writes its d outputs.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
 
-        let func = dev.get_or_load_custom_func(&format!("attn_split_{name}_d{d}"), MODULE, PTX)?;
+        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -131,41 +140,27 @@ impl SplitAttention {
             },
             None => None,
         };
-        let null = 0u64;
-        let mut b = func.builder();
-        b.arg(&q).arg(&k).arg(&v).arg(&part);
+        l.ptr(&q).ptr(&k).ptr(&v).ptr(&part).ptr(&out);
         match &len_slice {
-            Some(s) => b.arg(s),
-            None => b.arg(&null),
+            Some(s) => l.ptr(s),
+            None => l.null(),
         };
-        let (len_arg, t_arg, heads_arg, group_arg) =
-            (len as u32, t as i32, heads as i32, group as i32);
-        let (q_head, q_row, kv_head) = (q_head as i64, q_row as i64, kv_head as i64);
-        let (split_len, window) = (split_len as i32, self.window.unwrap_or(0) as i32);
-        let softcap = self.softcap.unwrap_or(0.0) as f32;
-        b.arg(&len_arg).arg(&t_arg).arg(&heads_arg).arg(&group_arg);
-        b.arg(&q_head).arg(&q_row).arg(&kv_head);
-        b.arg(&split_len).arg(&window).arg(&softcap);
+        l.val(len as u32)
+            .val(t as i32)
+            .val(heads as i32)
+            .val(group as i32);
+        l.val(q_head as i64).val(q_row as i64).val(kv_head as i64);
+        l.val(split_len as i32).val(self.window.unwrap_or(0) as i32);
+        l.val(self.softcap.unwrap_or(0.0) as f32);
         let cfg = LaunchConfig {
             grid_dim: ((t * group) as u32, kv_heads as u32, splits as u32),
             block_dim: (WARPS * 32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the argument list matches `attn_split` in kernels.cu; every index the
-        // kernel forms stays inside q, k, v (shapes checked above) and `part`.
-        unsafe { b.launch(cfg) }.w()?;
-
-        let combine = dev.get_or_load_custom_func(&format!("attn_combine_{name}"), MODULE, PTX)?;
-        let mut b = combine.builder();
-        let (splits_arg, d_arg) = (splits as i32, d as i32);
-        b.arg(&part).arg(&out).arg(&splits_arg).arg(&d_arg);
-        let cfg = LaunchConfig {
-            grid_dim: ((t * heads) as u32, 1, 1),
-            block_dim: (d as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `attn_combine`; `part` holds t * heads * splits rows of d + 2.
-        unsafe { b.launch(cfg) }.w()?;
+        // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
+        // (row, head) < ATTN_COUNTERS.
+        unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((t, heads * d))))
     }
 }
@@ -228,24 +223,16 @@ impl FlashAttention {
         } = qkv_shape("flash attention", ql, kl, vl)?;
         // SAFETY: the kernel writes every element of the t rows.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
-        let func = dev.get_or_load_custom_func(&format!("flash_attn_{name}_d{d}"), MODULE, PTX)?;
+        let mut l = Launch::new(dev, &format!("flash_attn_{name}_d{d}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
-        let (t_arg, len_arg, heads_arg, group_arg) = (
-            t as i32,
-            len as i32,
-            heads as i32,
-            (heads / kv_heads) as i32,
-        );
-        let (q_head, q_row, kv_head) = (q_head as i64, q_row as i64, kv_head as i64);
-        let window = self.window.unwrap_or(0) as i32;
-        let softcap = self.softcap.unwrap_or(0.0) as f32;
-        let mut b = func.builder();
-        b.arg(&q).arg(&k).arg(&v).arg(&out);
-        b.arg(&t_arg).arg(&len_arg).arg(&heads_arg).arg(&group_arg);
-        b.arg(&q_head).arg(&q_row).arg(&kv_head);
-        b.arg(&window).arg(&softcap);
+        l.ptr(&q).ptr(&k).ptr(&v).ptr(&out);
+        l.val(t as i32).val(len as i32).val(heads as i32);
+        l.val((heads / kv_heads) as i32);
+        l.val(q_head as i64).val(q_row as i64).val(kv_head as i64);
+        l.val(self.window.unwrap_or(0) as i32);
+        l.val(self.softcap.unwrap_or(0.0) as f32);
         let cfg = LaunchConfig {
             grid_dim: (heads as u32, t.div_ceil(FA_Q) as u32, 1),
             block_dim: (128, 1, 1),
@@ -253,7 +240,7 @@ impl FlashAttention {
         };
         // SAFETY: matches `flash_attn` in kernels.cu; rows past t and keys past len are
         // never read (clamped) nor written; alignment checked by `flash_attention_applies`.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((t, heads * d))))
     }
 }
@@ -312,25 +299,21 @@ impl CausalSoftmax {
                 self.rows
             );
         }
-        let func = dev.get_or_load_custom_func(&format!("causal_softmax_{name}"), MODULE, PTX)?;
-        let mut x = x.slice_mut(start..end);
-        let mut b = func.builder();
-        let (rows, keys_arg, first) = (self.rows as i32, keys as i32, self.first as i32);
-        let window = self.window.unwrap_or(0) as i32;
-        let softcap = self.softcap.unwrap_or(0.0) as f32;
-        b.arg(&mut x)
-            .arg(&rows)
-            .arg(&keys_arg)
-            .arg(&first)
-            .arg(&window)
-            .arg(&softcap);
+        let mut l = Launch::new(dev, &format!("causal_softmax_{name}"))?;
+        let x = x.slice_mut(start..end);
+        l.ptr(&x);
+        l.val(self.rows as i32)
+            .val(keys as i32)
+            .val(self.first as i32);
+        l.val(self.window.unwrap_or(0) as i32);
+        l.val(self.softcap.unwrap_or(0.0) as f32);
         let cfg = LaunchConfig {
             grid_dim: (total_rows as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `causal_softmax` in kernels.cu; block i touches row i only.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok(())
     }
 }
@@ -435,29 +418,17 @@ impl RopeStore {
         let len = view::<u32>(&len_guard, "len")?;
         // SAFETY: written in full by the kernel.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
-        let func = dev.get_or_load_custom_func(&format!("rope_store_{name}"), MODULE, PTX)?;
+        let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;
         let (q, k, v) = (
             q.slice(ql.start_offset()..),
             k.slice(kl.start_offset()..),
             v.slice(vl.start_offset()..),
         );
-        let (q_row, k_row, v_row) = (q_row as i64, k_row as i64, v_row as i64);
-        let head_stride = (cache_dims[2] * d) as i64;
-        let (t_arg, heads_arg, d_arg) = (t as i32, heads as i32, d as i32);
-        let mut b = func.builder();
-        b.arg(&q)
-            .arg(&q_row)
-            .arg(&k)
-            .arg(&k_row)
-            .arg(&v)
-            .arg(&v_row);
-        b.arg(&cos)
-            .arg(&sin)
-            .arg(&out)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&head_stride);
-        b.arg(&len).arg(&t_arg).arg(&heads_arg).arg(&d_arg);
+        l.ptr(&q).val(q_row as i64).ptr(&k).val(k_row as i64);
+        l.ptr(&v).val(v_row as i64);
+        l.ptr(&cos).ptr(&sin).ptr(&out).ptr(&kc).ptr(&vc);
+        l.val((cache_dims[2] * d) as i64);
+        l.ptr(&len).val(t as i32).val(heads as i32).val(d as i32);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, (heads + kv_heads) as u32, 1),
             block_dim: ((d / 2) as u32, 1, 1),
@@ -465,7 +436,7 @@ impl RopeStore {
         };
         // SAFETY: matches `rope_store` in kernels.cu; the caller keeps `len` within the
         // cache's capacity and the tables (the cache reserved the room first).
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((1, heads, t, d))))
     }
 }

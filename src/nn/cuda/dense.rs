@@ -1,13 +1,11 @@
 //! Row-wise products and elementwise steps of a decode or verification step: GEMV,
 //! SiLU·up, residual add + RMSNorm, row argmax.
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
-use super::{MODULE, PTX};
+use super::launch::Launch;
 
 /// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 15); longer
 /// inputs take cuBLAS.
@@ -35,10 +33,18 @@ fn tensor_core_gemv() -> bool {
 /// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
 /// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
-pub struct Gemv;
+///
+/// With `silu_gate`, `w` is a gated MLP's fused `[2 inter, in]` gate/up weight and the output
+/// `[rows, inter]` is `silu(x gᵀ) * (x uᵀ)`, in the arithmetic [`SiluMul`] applies to the
+/// plain product (products rounded to the dtype, the activation in f32; tensor-core path
+/// only: [`silu_gate_applies`]).
+pub struct Gemv {
+    pub silu_gate: bool,
+}
 
 impl Gemv {
     fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        &self,
         dev: &CudaDevice,
         name: &str,
         (x, xl): (&CudaSlice<T>, &Layout),
@@ -52,33 +58,29 @@ impl Gemv {
         if xd.len() != 2 || wd.len() != 2 || xd[1] != wd[1] || xd[0] == 0 || xd[0] > GEMV_MAX_ROWS {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
-        let (rows, inp, out) = (xd[0], xd[1], wd[0]);
+        let (rows, inp) = (xd[0], xd[1]);
+        let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv();
+        if self.silu_gate && (!tensor_cores || !wd[0].is_multiple_of(16)) {
+            candle_core::bail!("gemv: the SiLU-gated product needs the tensor-core path");
+        }
+        let out = if self.silu_gate { wd[0] / 2 } else { wd[0] };
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
-        let (in_arg, out_arg) = (inp as i32, out as i32);
-        if name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv() {
+        if tensor_cores {
             let nt = rows.div_ceil(8);
-            let blocks = out.div_ceil(16);
+            // 16 weight rows per block: 16 outputs, or 8 gated ones.
+            let blocks = wd[0].div_ceil(16);
             // Enough warps in flight where there are few outputs (few blocks).
             let warps = match blocks {
                 0..200 => 32,
                 200..600 => 16,
                 _ => 8,
             };
-            let func = dev.get_or_load_custom_func(
-                &format!("gemv_tc_{name}_n{nt}_w{warps}"),
-                MODULE,
-                PTX,
-            )?;
-            let rows_arg = rows as i32;
-            let mut b = func.builder();
-            b.arg(&x)
-                .arg(&w)
-                .arg(&y)
-                .arg(&rows_arg)
-                .arg(&in_arg)
-                .arg(&out_arg);
+            let gate = if self.silu_gate { "silu_" } else { "" };
+            let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}"))?;
+            l.ptr(&x).ptr(&w).ptr(&y);
+            l.val(rows as i32).val(inp as i32).val(out as i32);
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -86,12 +88,11 @@ impl Gemv {
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written.
-            unsafe { b.launch(cfg) }.w()?;
+            unsafe { l.run(cfg) }?;
             return Ok((y, Shape::from((rows, out))));
         }
-        let func = dev.get_or_load_custom_func(&format!("gemv_{name}_r{rows}"), MODULE, PTX)?;
-        let mut b = func.builder();
-        b.arg(&x).arg(&w).arg(&y).arg(&in_arg).arg(&out_arg);
+        let mut l = Launch::new(dev, &format!("gemv_{name}_r{rows}"))?;
+        l.ptr(&x).ptr(&w).ptr(&y).val(inp as i32).val(out as i32);
         let cfg = LaunchConfig {
             grid_dim: (out.div_ceil(GEMV_WARPS * gemv_outs(rows)) as u32, 1, 1),
             block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
@@ -99,7 +100,7 @@ impl Gemv {
         };
         // SAFETY: matches `gemv`; `in` is a multiple of the 16-byte vector (checked by
         // `gemv_applies`), so every load stays inside its row.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok((y, Shape::from((rows, out))))
     }
 }
@@ -129,15 +130,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = Self::launch(dev, "bf16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = Self::launch(dev, "f16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = Self::launch(dev, "f32", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl))?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -171,6 +172,20 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.layout().start_offset() % vector == 0
 }
 
+/// True when [`Gemv`] with `silu_gate` takes `x: [rows, in]` and the fused gate/up weight
+/// `w: [2 inter, in]`: [`gemv_applies`], on the tensor-core path (bf16 / f16, `in` a
+/// multiple of 32) with `inter` a multiple of 8.
+pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
+    gemv_applies(x, w)
+        && matches!(
+            w.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16
+        )
+        && w.dims()[1] % 32 == 0
+        && w.dims()[0] % 16 == 0
+        && tensor_core_gemv()
+}
+
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as
 /// `[t, inter]` (`silu_mul` in kernels.cu). Input of [`candle_core::CustomOp1`], contiguous.
 pub struct SiluMul;
@@ -198,18 +213,16 @@ impl candle_core::CustomOp1 for SiluMul {
             let n = t * inter;
             // SAFETY: written in full by the kernel.
             let y = unsafe { dev.alloc::<T>(n)? };
-            let func = dev.get_or_load_custom_func(&format!("silu_mul_{name}"), MODULE, PTX)?;
+            let mut l = Launch::new(dev, &format!("silu_mul_{name}"))?;
             let gu = gu.slice(a..b);
-            let (inter_arg, n_arg) = (inter as i32, n as i64);
-            let mut bld = func.builder();
-            bld.arg(&gu).arg(&y).arg(&inter_arg).arg(&n_arg);
+            l.ptr(&gu).ptr(&y).val(inter as i32).val(n as i64);
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(256).min(65_535) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: matches `silu_mul`; a grid-stride loop over n = t * inter elements.
-            unsafe { bld.launch(cfg) }.w()?;
+            unsafe { l.run(cfg) }?;
             Ok((y, Shape::from((t, inter))))
         }
         let dev = s.device();
@@ -275,24 +288,17 @@ impl AddRmsNorm {
         }
         // SAFETY: written in full by the kernel.
         let out = unsafe { dev.alloc::<T>(2 * t * h)? };
-        let func = dev.get_or_load_custom_func(&format!("add_rmsnorm_{name}"), MODULE, PTX)?;
+        let mut l = Launch::new(dev, &format!("add_rmsnorm_{name}"))?;
         let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
-        let (t_arg, h_arg) = (t as i32, h as i32);
-        let mut b = func.builder();
-        b.arg(&x)
-            .arg(&y)
-            .arg(&w)
-            .arg(&out)
-            .arg(&t_arg)
-            .arg(&h_arg)
-            .arg(&self.eps);
+        l.ptr(&x).ptr(&y).ptr(&w).ptr(&out);
+        l.val(t as i32).val(h as i32).val(self.eps);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
             block_dim: (1024.min(h.next_multiple_of(32)) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `add_rmsnorm`; block i touches row i of x, y and both halves of out.
-        unsafe { b.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((2, t, h))))
     }
 }
@@ -323,18 +329,16 @@ impl candle_core::CustomOp1 for ArgmaxRows {
         let dev = s.device();
         // SAFETY: written in full by the kernel (one value per row).
         let out = unsafe { dev.alloc::<u32>(rows)? };
-        let func = dev.get_or_load_custom_func("argmax_rows_f32", MODULE, PTX)?;
+        let mut l = Launch::new(dev, "argmax_rows_f32")?;
         let x = x.slice(a..b);
-        let n_arg = n as i32;
-        let mut bld = func.builder();
-        bld.arg(&x).arg(&out).arg(&n_arg);
+        l.ptr(&x).ptr(&out).val(n as i32);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `argmax_rows_f32`; block i reads row i only.
-        unsafe { bld.launch(cfg) }.w()?;
+        unsafe { l.run(cfg) }?;
         Ok((
             CudaStorage {
                 slice: CudaStorageSlice::U32(out),

@@ -38,9 +38,75 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Programmatic dependent launch (sm_90+; `Launch` in mod.rs sets the launch attribute): a
+// kernel may start while the kernel ahead of it on the stream still runs. `pdl_begin` waits
+// until that kernel has finished and its writes are visible, then lets the next kernel begin
+// launching. Every kernel calls it before it reads anything an earlier kernel wrote and
+// before it writes anything (its output may reuse memory the earlier kernel still reads):
+// only weights, which no kernel writes, may be read before it. Older GPUs run the kernels
+// one after another and skip it.
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 for the line holding `p` (no register, no wait): weights a kernel will read once it
+// may start, fetched while the kernel ahead of it finishes.
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 constexpr int WARPS = 4;
 
-// Split-K attention of single query rows over a cache ("flash decoding"), part 1.
+// Combines n splits' partial results p[s * (D + 2) ...] = (m, l, acc[D]) into
+// out[e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s. One
+// block: the splits' weights are staged in shared memory by all threads at once (one round
+// of independent loads, not a chain of n dependent ones), then every thread sums its
+// dimensions. Reads through L2 (`__ldcg`): other blocks wrote p.
+constexpr int MAX_SPLITS = 1024;
+// Split counts of attn_split, per (row, head): zero at module load, back to zero after each
+// launch. `ATTN_COUNTERS` in attention.rs.
+constexpr int ATTN_COUNTERS = 8192;
+__device__ unsigned int attn_done[ATTN_COUNTERS];
+template <typename T, int D>
+__device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__ out) {
+  __shared__ float weight[MAX_SPLITS];
+  __shared__ float red[32];
+  const int warps = (blockDim.x + 31) / 32;
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    weight[s] = __ldcg(p + (long)s * (D + 2));
+    m = fmaxf(m, weight[s]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < warps; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();
+  float l = 0.f;
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float ms = weight[s];
+    const float wgt = ms > -INFINITY ? __expf(ms - M) : 0.f;
+    weight[s] = wgt;
+    l += __ldcg(p + (long)s * (D + 2) + 1) * wgt;
+  }
+  l = warp_sum(l);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = l;
+  __syncthreads();
+  float L = 0.f;
+  for (int w = 0; w < warps; ++w) L += red[w];
+  for (int e = threadIdx.x; e < D; e += blockDim.x) {
+    float a = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < n; ++s) a += __ldcg(p + (long)s * (D + 2) + 2 + e) * weight[s];
+    out[e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+  }
+}
+
+// Split-K attention of single query rows over a cache ("flash decoding").
 //
 // Grid: x = t * group (query row i = x / group, head-in-group = x % group), y = kv head,
 // z = split. Block: WARPS warps. Split s covers key indices [s * split_len, (s+1) * split_len)
@@ -53,10 +119,12 @@ constexpr int WARPS = 4;
 // not null (a captured graph replays with the length of the step), else it is `len_arg`.
 //
 // Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
-// output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)].
+// output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)];
+// the last split block of a (row, head) to finish combines them into y[i, h * d ...]
+// ([t, heads * d]). Splits without a visible key write nothing.
 template <typename T, int E>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
-                           const T *__restrict__ v, float *__restrict__ part,
+                           const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int window, float softcap) {
@@ -68,6 +136,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const int split = blockIdx.z, splits = gridDim.z;
   const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
   const int qpos = len - t + row;
+  // The splits holding a key this query sees: [first_split, end_split). Others (a graph's
+  // grid spans the cache's capacity) leave at once.
+  const int first_split = window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+  const int end_split = qpos / split_len + 1;
+  if (split < first_split || split >= end_split) return;
   const int hi = min(qpos + 1, (split + 1) * split_len);
   int lo = split * split_len;
   if (window > 0) lo = max(lo, qpos + 1 - window);
@@ -160,57 +233,31 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     out[0] = M;
     out[1] = L;
   }
-}
-
-// Part 2: combines the splits of each (row, head) into out[row, head * d + e].
-// Grid: x = t * heads (row-major: row * heads + head). Block: d threads. The splits' maxima
-// and sums are staged in shared memory by all threads at once (one round of independent
-// loads, not a chain of `splits` dependent ones), then every thread sums its dimension.
-constexpr int MAX_SPLITS = 1024;
-template <typename T>
-__device__ void attn_combine(const float *__restrict__ part, T *__restrict__ out, int splits,
-                             int d) {
-  __shared__ float weight[MAX_SPLITS];
-  __shared__ float red[32];
-  const int rh = blockIdx.x, e = threadIdx.x;
-  const float *p = part + (long)rh * splits * (d + 2);
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    weight[s] = p[(long)s * (d + 2)];
-    m = fmaxf(m, weight[s]);
+  // The last of the (row, head)'s live splits to finish combines them all (its count is
+  // reset for the next launch; no other block of this launch touches it again).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int *done = &attn_done[row * heads + head];
+    last = atomicAdd(done, 1u) == (unsigned int)(end_split - first_split - 1);
+    if (last) *done = 0u;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) M = fmaxf(M, red[w]);
-  __syncthreads();
-  float l = 0.f;
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const float ms = weight[s];
-    const float wgt = ms > -INFINITY ? __expf(ms - M) : 0.f;
-    weight[s] = wgt;
-    l += p[(long)s * (d + 2) + 1] * wgt;
-  }
-  l = warp_sum(l);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = l;
-  __syncthreads();
-  float L = 0.f;
-  for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) L += red[w];
-  float a = 0.f;
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) a += p[(long)s * (d + 2) + 2 + e] * weight[s];
-  out[(long)rh * d + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+  if (!last) return;
+  __threadfence();
+  attn_combine<T, D>(part + ((long)(row * heads + head) * splits + first_split) * (D + 2),
+                     end_split - first_split, y + (long)(row * heads + head) * D);
 }
 
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
-      NAME(const T *q, const T *k, const T *v, float *part, const uint32_t *len_ptr,           \
+      NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int window,                \
            float softcap) {                                                                    \
-    attn_split<T, E>(q, k, v, part, len_ptr, len_arg, t, heads, group, q_head_stride,         \
+    pdl_begin();                                                                               \
+    attn_split<T, E>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride,      \
                      q_row_stride, kv_head_stride, split_len, window, softcap);               \
   }
 
@@ -227,14 +274,6 @@ ATTN_SPLIT(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT(attn_split_f16_d128, __half, 4)
 ATTN_SPLIT(attn_split_f16_d256, __half, 8)
 
-#define ATTN_COMBINE(NAME, T)                                                                  \
-  extern "C" __global__ void NAME(const float *part, T *out, int splits, int d) {             \
-    attn_combine<T>(part, out, splits, d);                                                     \
-  }
-
-ATTN_COMBINE(attn_combine_f32, float)
-ATTN_COMBINE(attn_combine_bf16, __nv_bfloat16)
-ATTN_COMBINE(attn_combine_f16, __half)
 
 // Causal softmax of attention scores in place, for a prefill chunk's scores
 // [kv_heads * group * rows, keys] (rows of one head consecutive): row r of its head is the
@@ -296,6 +335,7 @@ __device__ void causal_softmax(T *__restrict__ x, int rows, int keys, int first,
 #define CAUSAL_SOFTMAX(NAME, T)                                                                \
   extern "C" __global__ void NAME(T *x, int rows, int keys, int first, int window,            \
                                   float softcap) {                                             \
+    pdl_begin();                                                                               \
     causal_softmax<T>(x, rows, keys, first, window, softcap);                                  \
   }
 
@@ -553,6 +593,7 @@ __device__ void flash_attn(const T *__restrict__ q, const T *__restrict__ k,
       NAME(const T *q, const T *k, const T *v, T *out, int t, int len, int heads, int group,   \
            long q_head_stride, long q_row_stride, long kv_head_stride, int window,             \
            float softcap) {                                                                    \
+    pdl_begin();                                                                               \
     flash_attn<T, D>(q, k, v, out, t, len, heads, group, q_head_stride, q_row_stride,          \
                      kv_head_stride, window, softcap);                                         \
   }
@@ -609,6 +650,7 @@ __device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restr
                                   long v_row, const T *cos, const T *sin, T *q_out, T *kc,     \
                                   T *vc, long cache_head_stride, const uint32_t *len_ptr,      \
                                   int t, int heads, int d) {                                   \
+    pdl_begin();                                                                               \
     rope_store<T>(q, q_row, k, k_row, v, v_row, cos, sin, q_out, kc, vc, cache_head_stride,   \
                   len_ptr, t, heads, d);                                                       \
   }
@@ -687,6 +729,7 @@ __device__ void gemv(const T *__restrict__ x, const T *__restrict__ w, T *__rest
 #define GEMV(NAME, T, R)                                                                       \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                \
       NAME(const T *x, const T *w, T *y, int in, int out) {                                    \
+    pdl_begin();                                                                               \
     if (R <= 2)                                                                                \
       gemv<T, R, 1, 4>(x, w, y, in, out);                                                      \
     else                                                                                       \
@@ -725,15 +768,35 @@ GEMV_ROWS(__half, f16)
 // then the warps' partial sums are added in warp order: nothing in a row's sums depends on
 // how many rows there are, so a decode step and a verification row compute bitwise the
 // same outputs.
-// `in` is a multiple of 32. Grid: x = ceil(out / 16). Block: WARPS * 32.
+// GATED (the gated MLP's SiLU inside the gate/up product): w is the fused [2 out, in]
+// gate/up weight (gate rows, then up rows) and y[r, o] = silu(g) * u of the rounded products
+// g = x w[o], u = x w[out + o], exactly what `silu_mul` computes from the plain product: the
+// block takes 8 gate rows as the mma's A rows 0-7 and the matching up rows as rows 8-15, so
+// one thread holds both sums of an output.
+// Before it may start (`pdl_begin`), each warp asks L2 for its first chunks of the weight.
+// `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
+// WARPS * 32.
 constexpr int GEMV_TC_UNROLL = 4;
-template <typename T, int NT, int WARPS>
+template <typename T, int NT, int WARPS, bool GATED>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
-  const int o0 = blockIdx.x * 16;
-  const T *wa = w + (long)min(o0 + grp, out - 1) * in + 8 * tig;
-  const T *wb = w + (long)min(o0 + grp + 8, out - 1) * in + 8 * tig;
+  const int o0 = blockIdx.x * (GATED ? 8 : 16);
+  const long row_a = min(o0 + grp, out - 1);
+  const long row_b = GATED ? out + row_a : min(o0 + grp + 8, out - 1);
+  const T *wa = w + row_a * in + 8 * tig;
+  const T *wb = w + row_b * in + 8 * tig;
+  // This warp's chunks (of 32 inputs): first, first + step, ... below end.
+  const int first = warp, end = in / 32, step = WARPS;
+#pragma unroll
+  for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+    const int cu = first + u * step;
+    if (cu < end) {
+      prefetch_l2(wa + cu * 32);
+      prefetch_l2(wb + cu * 32);
+    }
+  }
+  pdl_begin();
   const T *xr[NT];
   bool xlive[NT];
 #pragma unroll
@@ -745,8 +808,6 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  // This warp's chunks (of 32 inputs): first, first + step, ... below end.
-  const int first = warp, end = in / 32, step = WARPS;
   for (int ch = first; ch < end; ch += step * GEMV_TC_UNROLL) {
     // Unconditional loads (a chunk past the end reads this warp's first again and is
     // skipped), so all of them are in flight before the first mma.
@@ -777,27 +838,43 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[warp][n][lane][e] = c[n][e];
   __syncthreads();
-  // Thread i < 256 sums output o0 + i / 16 for row i % 16 (c's layout: lane
-  // 4 * (o % 8) + r / 2, element 2 * (o / 8) + r % 2 within n-tile r / 8).
-  const int o = threadIdx.x / 16, r = threadIdx.x % 16, n = r / 8, col = r % 8;
-  if (threadIdx.x < 256 && n < NT && r < rows && o0 + o < out) {
-    const int l = (o % 8) * 4 + col / 2, e = (o / 8) * 2 + col % 2;
-    float sum = 0.f;
+  // c's layout: A row a (0-15) and row r (0-15) of n-tile r / 8 sit at lane
+  // 4 * (a % 8) + (r % 8) / 2, element 2 * (a / 8) + r % 2.
+  auto sum = [&](int a, int r) {
+    const int n = r / 8, col = r % 8;
+    const int l = (a % 8) * 4 + col / 2, e = (a / 8) * 2 + col % 2;
+    float s = 0.f;
 #pragma unroll
-    for (int wi = 0; wi < WARPS; ++wi) sum += red[wi][n][l][e];
-    y[(long)r * out + o0 + o] = from_f32<T>(sum);
+    for (int wi = 0; wi < WARPS; ++wi) s += red[wi][n][l][e];
+    return s;
+  };
+  if (GATED) {
+    // Thread i < 128 takes output o0 + i / 16 of row i % 16.
+    const int o = threadIdx.x / 16, r = threadIdx.x % 16;
+    if (threadIdx.x < 128 && r / 8 < NT && r < rows && o0 + o < out) {
+      const float g = to_f32(from_f32<T>(sum(o, r))), u = to_f32(from_f32<T>(sum(o + 8, r)));
+      y[(long)r * out + o0 + o] = from_f32<T>(g / (1.f + __expf(-g)) * u);
+    }
+  } else {
+    // Thread i < 256 takes output o0 + i / 16 of row i % 16.
+    const int o = threadIdx.x / 16, r = threadIdx.x % 16;
+    if (threadIdx.x < 256 && r / 8 < NT && r < rows && o0 + o < out)
+      y[(long)r * out + o0 + o] = from_f32<T>(sum(o, r));
   }
 }
 
-#define GEMV_TC1(NAME, T, NT, W)                                                               \
+#define GEMV_TC1(NAME, T, NT, W, GATED)                                                        \
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
-    gemv_tc<T, NT, W>(x, w, y, rows, in, out);                                                 \
+    gemv_tc<T, NT, W, GATED>(x, w, y, rows, in, out);                                          \
   }
 #define GEMV_TC(T, NAME, NT)                                                                   \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8, T, NT, 8)                                              \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16, T, NT, 16)                                            \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32, T, NT, 32)
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8, T, NT, 8, false)                                       \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16, T, NT, 16, false)                                     \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32, T, NT, 32, false)                                     \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8, T, NT, 8, true)                                   \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16, T, NT, 16, true)                                 \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32, T, NT, 32, true)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)
 GEMV_TC(__half, f16, 1)
@@ -817,6 +894,7 @@ __device__ void silu_mul(const T *__restrict__ gu, T *__restrict__ y, int inter,
 
 #define SILU_MUL(NAME, T)                                                                      \
   extern "C" __global__ void NAME(const T *gu, T *y, int inter, long n) {                     \
+    pdl_begin();                                                                               \
     silu_mul<T>(gu, y, inter, n);                                                              \
   }
 SILU_MUL(silu_mul_f32, float)
@@ -854,6 +932,7 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
 #define ADD_RMSNORM(NAME, T)                                                                   \
   extern "C" __global__ void NAME(const T *x, const T *y, const T *w, T *out, int t, int h,   \
                                   float eps) {                                                 \
+    pdl_begin();                                                                               \
     add_rmsnorm<T>(x, y, w, out, t, h, eps);                                                   \
   }
 ADD_RMSNORM(add_rmsnorm_f32, float)
@@ -864,6 +943,7 @@ ADD_RMSNORM(add_rmsnorm_f16, __half)
 // the largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32.
 extern "C" __global__ void argmax_rows_f32(const float *__restrict__ x, uint32_t *__restrict__ out,
                                            int n) {
+  pdl_begin();
   const float *r = x + (long)blockIdx.x * n;
   float best = -INFINITY;
   int idx = n;  // past the end: "none yet"

@@ -91,9 +91,10 @@ fn view<'a, T: candle_core::cuda_backend::CudaDType>(
 
 mod attention;
 mod dense;
+mod launch;
 
 pub use attention::{
     flash_attention_applies, split_attention_applies, CausalSoftmax, FlashAttention, RopeStore,
     SplitAttention,
 };
-pub use dense::{gemv_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};
+pub use dense::{gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};

@@ -1,0 +1,150 @@
+//! Kernel launches with programmatic dependent launch (PDL, compute capability 9.0+): a
+//! kernel may begin launching while the one ahead of it on the stream still runs, so launch
+//! latency and a GEMV's first weight reads overlap the previous kernel's tail. Every kernel
+//! in kernels.cu calls `pdl_begin` before it touches anything an earlier kernel wrote, which
+//! keeps stream order for the data. `SPECDEC_PDL=0` launches them one after another (for
+//! comparisons in one build).
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::cuda_backend::cudarc::driver::{
+    sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
+
+use super::{MODULE, PTX};
+
+/// Whether launches carry the PDL attribute: compute capability 9.0 or newer, unless
+/// `SPECDEC_PDL=0`. Read once (the first device asked decides; specdec runs one GPU kind).
+fn pdl(dev: &CudaDevice) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let wanted = std::env::var("SPECDEC_PDL").map_or(true, |v| v != "0");
+        let major = dev
+            .cuda_stream()
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+        wanted && matches!(major, Ok(m) if m >= 9)
+    })
+}
+
+/// One launch of a kernel of kernels.cu: its arguments in the order of the kernel's
+/// parameters, each in an 8-byte slot (device pointers; scalars in the low bytes, which is
+/// what the driver copies for a 4-byte parameter on a little-endian host).
+pub(super) struct Launch {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+    slots: Vec<u64>,
+    pdl: bool,
+}
+
+impl Launch {
+    /// The kernel `name` of specdec's module on `dev`'s stream.
+    pub(super) fn new(dev: &CudaDevice, name: &str) -> candle_core::Result<Self> {
+        Ok(Self {
+            func: dev
+                .get_or_load_custom_func(name, MODULE, PTX)?
+                .into_cuda_function(),
+            stream: dev.cuda_stream(),
+            slots: Vec::with_capacity(16),
+            pdl: pdl(dev),
+        })
+    }
+
+    /// A device buffer (a slice or a view) as a pointer parameter.
+    pub(super) fn ptr<T>(&mut self, p: &impl DevicePtr<T>) -> &mut Self {
+        // Event tracking is off on specdec's devices (one stream; `open_cuda`): the guard
+        // records nothing, and stream order orders every use.
+        let ptr = p.device_ptr(&self.stream).0;
+        self.slots.push(ptr);
+        self
+    }
+
+    /// A null pointer parameter.
+    pub(super) fn null(&mut self) -> &mut Self {
+        self.slots.push(0);
+        self
+    }
+
+    /// A scalar parameter of the same type on the device (`int`, `unsigned`, `long`,
+    /// `float`).
+    pub(super) fn val<V: Scalar>(&mut self, v: V) -> &mut Self {
+        self.slots.push(v.slot());
+        self
+    }
+
+    /// Enqueues the kernel.
+    ///
+    /// # Safety
+    /// The parameters pushed must be the kernel's, in order and type, and every index the
+    /// kernel forms from them must stay inside the buffers passed.
+    pub(super) unsafe fn run(&mut self, cfg: LaunchConfig) -> candle_core::Result<()> {
+        let mut params: Vec<*mut c_void> = self
+            .slots
+            .iter_mut()
+            .map(|s| (s as *mut u64).cast::<c_void>())
+            .collect();
+        // SAFETY: a plain C union; the attribute's value is its `int` member.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
+        self.stream.context().bind_to_thread().w()?;
+        // SAFETY: `params` points at one slot per kernel parameter (the caller's contract),
+        // alive for the call; the driver copies them before returning.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                self.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .w()
+    }
+}
+
+/// A kernel scalar parameter and its 8-byte slot.
+pub(super) trait Scalar: DeviceRepr {
+    fn slot(self) -> u64;
+}
+
+impl Scalar for i32 {
+    fn slot(self) -> u64 {
+        u64::from(self as u32)
+    }
+}
+
+impl Scalar for u32 {
+    fn slot(self) -> u64 {
+        u64::from(self)
+    }
+}
+
+impl Scalar for i64 {
+    fn slot(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Scalar for f32 {
+    fn slot(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
