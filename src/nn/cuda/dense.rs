@@ -22,11 +22,37 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
-/// Whether bf16 / f16 products take the tensor-core GEMV (`gemv_tc`): on unless
-/// `SPECDEC_TC_GEMV=0` (the CUDA-core kernel, for comparisons in one build; read once).
+/// Choices of the GEMV kernels, from the environment (read once), for comparisons in one
+/// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
+/// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
+/// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_GEMV_PREFETCH=0` turns off
+/// the L2 prefetch of the first chunks; `SPECDEC_SILU_GATE=0` keeps the gated MLP's SiLU in
+/// its own kernel.
+struct Knobs {
+    tensor_cores: bool,
+    v: Option<usize>,
+    prefetch: bool,
+    silu_gate: bool,
+}
+
+fn knobs() -> &'static Knobs {
+    static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
+        Knobs {
+            tensor_cores: on("SPECDEC_TC_GEMV"),
+            v: std::env::var("SPECDEC_GEMV_V")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|v| matches!(v, 1 | 2)),
+            prefetch: on("SPECDEC_GEMV_PREFETCH"),
+            silu_gate: on("SPECDEC_SILU_GATE"),
+        }
+    })
+}
+
 fn tensor_core_gemv() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_TC_GEMV").map_or(true, |v| v != "0"))
+    knobs().tensor_cores
 }
 
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
@@ -78,9 +104,17 @@ impl Gemv {
                 _ => 8,
             };
             let gate = if self.silu_gate { "silu_" } else { "" };
-            let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}"))?;
+            // The chunk width depends on `in` only, never on the row count: every row count
+            // sums in the same order.
+            let v = match knobs().v {
+                Some(v) if inp.is_multiple_of(32 * v) => v,
+                Some(_) => 1,
+                None => 1 + usize::from(inp.is_multiple_of(64)),
+            };
+            let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}_v{v}"))?;
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
+            l.val(i32::from(knobs().prefetch));
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -184,6 +218,7 @@ pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.dims()[1] % 32 == 0
         && w.dims()[0] % 16 == 0
         && tensor_core_gemv()
+        && knobs().silu_gate
 }
 
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as

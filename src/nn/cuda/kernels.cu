@@ -777,23 +777,30 @@ GEMV_ROWS(__half, f16)
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
 constexpr int GEMV_TC_UNROLL = 4;
-template <typename T, int NT, int WARPS, bool GATED>
+// V: 16-byte loads per lane and weight row per chunk (chunks of 32 V inputs; a row's four
+// lanes read 64 V contiguous bytes). `flags` bit 0: prefetch the first chunks to L2 before
+// `pdl_begin`.
+template <typename T, int NT, int WARPS, bool GATED, int V>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
-                        int rows, int in, int out) {
+                        int rows, int in, int out, int flags) {
+  constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
+  constexpr int CH = 32 * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int o0 = blockIdx.x * (GATED ? 8 : 16);
   const long row_a = min(o0 + grp, out - 1);
   const long row_b = GATED ? out + row_a : min(o0 + grp + 8, out - 1);
-  const T *wa = w + row_a * in + 8 * tig;
-  const T *wb = w + row_b * in + 8 * tig;
-  // This warp's chunks (of 32 inputs): first, first + step, ... below end.
-  const int first = warp, end = in / 32, step = WARPS;
+  const T *wa = w + row_a * in + 8 * V * tig;
+  const T *wb = w + row_b * in + 8 * V * tig;
+  // This warp's chunks (of CH inputs): first, first + step, ... below end.
+  const int first = warp, end = in / CH, step = WARPS;
+  if (flags & 1) {
 #pragma unroll
-  for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
-    const int cu = first + u * step;
-    if (cu < end) {
-      prefetch_l2(wa + cu * 32);
-      prefetch_l2(wb + cu * 32);
+    for (int u = 0; u < U; ++u) {
+      const int cu = first + u * step;
+      if (cu < end) {
+        prefetch_l2(wa + cu * CH);
+        prefetch_l2(wb + cu * CH);
+      }
     }
   }
   pdl_begin();
@@ -802,34 +809,40 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     xlive[n] = n * 8 + grp < rows;
-    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * tig;
+    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * V * tig;
   }
   float c[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int ch = first; ch < end; ch += step * GEMV_TC_UNROLL) {
+  for (int ch = first; ch < end; ch += step * U) {
     // Unconditional loads (a chunk past the end reads this warp's first again and is
     // skipped), so all of them are in flight before the first mma.
-    uint4 a0[GEMV_TC_UNROLL], a1[GEMV_TC_UNROLL], b[NT][GEMV_TC_UNROLL];
+    uint4 a0[U][V], a1[U][V], b[NT][U][V];
 #pragma unroll
-    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int cu = ch + u * step;
-      const int k = (cu < end ? cu : first) * 32;
-      a0[u] = __ldg(reinterpret_cast<const uint4 *>(wa + k));
-      a1[u] = __ldg(reinterpret_cast<const uint4 *>(wb + k));
+      const int k = (cu < end ? cu : first) * CH;
 #pragma unroll
-      for (int n = 0; n < NT; ++n) b[n][u] = *reinterpret_cast<const uint4 *>(xr[n] + k);
+      for (int j = 0; j < V; ++j) {
+        a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
+        a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
+      }
     }
 #pragma unroll
-    for (int u = 0; u < GEMV_TC_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       if (ch + u * step >= end) break;  // warp-uniform
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4 bb = xlive[n] ? b[n][u] : zero;
-        mma16816<T>(c[n], a0[u].x, a1[u].x, a0[u].y, a1[u].y, bb.x, bb.y);
-        mma16816<T>(c[n], a0[u].z, a1[u].z, a0[u].w, a1[u].w, bb.z, bb.w);
-      }
+      for (int j = 0; j < V; ++j)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint4 bb = xlive[n] ? b[n][u][j] : zero;
+          const uint4 &p = a0[u][j], &q = a1[u][j];
+          mma16816<T>(c[n], p.x, q.x, p.y, q.y, bb.x, bb.y);
+          mma16816<T>(c[n], p.z, q.z, p.w, q.w, bb.z, bb.w);
+        }
     }
   }
   __shared__ float red[WARPS][NT][32][4];
@@ -863,18 +876,19 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   }
 }
 
-#define GEMV_TC1(NAME, T, NT, W, GATED)                                                        \
+#define GEMV_TC1(NAME, T, NT, W, GATED, V)                                                     \
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
-      NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
-    gemv_tc<T, NT, W, GATED>(x, w, y, rows, in, out);                                          \
+      NAME(const T *x, const T *w, T *y, int rows, int in, int out, int flags) {               \
+    gemv_tc<T, NT, W, GATED, V>(x, w, y, rows, in, out, flags);                                \
   }
-#define GEMV_TC(T, NAME, NT)                                                                   \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8, T, NT, 8, false)                                       \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16, T, NT, 16, false)                                     \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32, T, NT, 32, false)                                     \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8, T, NT, 8, true)                                   \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16, T, NT, 16, true)                                 \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32, T, NT, 32, true)
+#define GEMV_TC_W(T, NAME, NT, V)                                                              \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V)                               \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V)                             \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32_v##V, T, NT, 32, false, V)                             \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V)                           \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V)                         \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32_v##V, T, NT, 32, true, V)
+#define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)
 GEMV_TC(__half, f16, 1)
