@@ -5,7 +5,8 @@
 //! flash attention (longer blocks, bf16 / f16), elsewhere and in f32 the chunked and masked
 //! candle paths. Cases cover grouped-query heads, keys in a larger cache buffer (strided
 //! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
-//! lengths that are not multiples of any tile, and a block past `PREFILL_CHUNK`.
+//! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
+//! more splits than the split kernel has blocks per head.
 use candle_core::{DType, Device, Tensor};
 use specdec::nn::{causal_attention, PREFILL_CHUNK};
 
@@ -60,6 +61,19 @@ fn cases() -> Vec<Case> {
         window: Some(300),
         softcap: None,
     });
+    // More splits of the cache than blocks per query head (`SPLIT_BLOCKS`): blocks take
+    // several splits in turn; with a window, the first visible split is not the first.
+    for window in [None, Some(8_500)] {
+        out.push(Case {
+            heads: 2,
+            kv: 1,
+            d: 32,
+            t: 3,
+            history: 9_000,
+            window,
+            softcap: None,
+        });
+    }
     for t in [5, 150] {
         out.push(Case {
             heads: 4,

@@ -88,7 +88,14 @@ fn few_row_products_match_the_dot_products_and_each_row_alone() {
     // Square, wide, tall, an input width that is a multiple of 32 but not of 64 (the
     // tensor-core kernel's narrower chunks), one that is no multiple of 32, and an odd output
     // count.
-    for (out, inp) in [(256, 256), (64, 1024), (1024, 64), (64, 160), (96, 200), (50, 128)] {
+    for (out, inp) in [
+        (256, 256),
+        (64, 1024),
+        (1024, 64),
+        (64, 160),
+        (96, 200),
+        (50, 128),
+    ] {
         check(DType::F32, out, inp, 1e-5);
         // Half precision: the inputs are the rounded values on both sides; the output is
         // rounded to the dtype (relative 2^-8 / 2^-11 of a result of size ~sqrt(inp)).

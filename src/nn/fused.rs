@@ -173,7 +173,11 @@ pub fn add_rmsnorm(
     eps: f32,
 ) -> Result<Option<(Tensor, Tensor)>> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && x.rank() == 2 && x.dims() == y.dims() {
+    if x.device().is_cuda()
+        && x.rank() == 2
+        && x.dims() == y.dims()
+        && x.dim(1)? <= super::cuda::ADD_RMSNORM_MAX
+    {
         let op = super::cuda::AddRmsNorm { eps };
         let out = x
             .contiguous()?

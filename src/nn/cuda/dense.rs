@@ -25,13 +25,11 @@ fn gemv_outs(rows: usize) -> usize {
 /// Choices of the GEMV kernels, from the environment (read once), for comparisons in one
 /// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
 /// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
-/// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_GEMV_PREFETCH=0` turns off
-/// the L2 prefetch of the first chunks; `SPECDEC_SILU_GATE=0` keeps the gated MLP's SiLU in
-/// its own kernel.
+/// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
+/// gated MLP's SiLU in its own kernel.
 struct Knobs {
     tensor_cores: bool,
     v: Option<usize>,
-    prefetch: bool,
     silu_gate: bool,
 }
 
@@ -45,7 +43,6 @@ fn knobs() -> &'static Knobs {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|v| matches!(v, 1 | 2)),
-            prefetch: on("SPECDEC_GEMV_PREFETCH"),
             silu_gate: on("SPECDEC_SILU_GATE"),
         }
     })
@@ -114,7 +111,6 @@ impl Gemv {
             let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}_v{v}"))?;
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
-            l.val(i32::from(knobs().prefetch));
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -286,6 +282,9 @@ impl candle_core::CustomOp1 for SiluMul {
     }
 }
 
+/// Widest row [`AddRmsNorm`] takes: 1,024 threads of `NORM_PER_THREAD` (kernels.cu) values.
+pub const ADD_RMSNORM_MAX: usize = 1024 * 16;
+
 /// Residual add and RMSNorm in one pass: inputs `x`, `y: [t, h]`, `w: [h]` (contiguous);
 /// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in kernels.cu).
 pub struct AddRmsNorm {
@@ -313,6 +312,9 @@ impl AddRmsNorm {
             candle_core::bail!("add-rmsnorm: x must be [t, h]");
         };
         let (t, h) = (*t, *h);
+        if h > ADD_RMSNORM_MAX {
+            candle_core::bail!("add-rmsnorm: rows of {h} exceed the kernel's {ADD_RMSNORM_MAX}");
+        }
         if yl.dims() != xl.dims() || wl.dims() != [h] {
             candle_core::bail!(
                 "add-rmsnorm: y {:?} and w {:?} do not fit x {:?}",

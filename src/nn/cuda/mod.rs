@@ -97,4 +97,6 @@ pub use attention::{
     flash_attention_applies, split_attention_applies, CausalSoftmax, FlashAttention, RopeStore,
     SplitAttention,
 };
-pub use dense::{gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul};
+pub use dense::{
+    gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul, ADD_RMSNORM_MAX,
+};
