@@ -217,6 +217,23 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
+    if (end_split - first_split == 1) {
+      // The only split (a cache of at most split_len visible keys): the output directly,
+      // bitwise what the combine makes of one split (its weight is exp(0) = 1).
+      float L = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w)
+        if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
+      T *yo = y + (long)(row * heads + head) * D;
+      for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w)
+          if (sm[w] > -INFINITY) a += sacc[w][e] * __expf(sm[w] - M);
+        yo[e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+      }
+      return;
+    }
     float *out = part + ((long)(row * heads + head) * splits + split) * (D + 2);
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
       float a = 0.f;
