@@ -3,7 +3,7 @@
 //! on the host from the same (rounded) inputs, for every path `specdec::nn::causal_attention`
 //! takes on the test device: on CUDA the split kernel (up to `SPLIT_MAX_ROWS` queries) and
 //! flash attention (longer blocks, bf16 / f16), elsewhere and in f32 the chunked and masked
-//! candle paths. Cases cover grouped-query heads, keys in a larger cache buffer (strided
+//! candle paths. Cases cover grouped-query heads (groups of 1 to 8), keys in a larger cache buffer (strided
 //! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
 //! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
 //! more splits than the split kernel has blocks per head.
@@ -71,6 +71,19 @@ fn cases() -> Vec<Case> {
             t: 3,
             history: 9_000,
             window,
+            softcap: None,
+        });
+    }
+    // Query groups of more heads than one block of the split kernel takes (4): Qwen2.5's 7
+    // query heads per kv head (blocks of 4 and 3), and 8.
+    for (heads, kv) in [(14, 2), (8, 1)] {
+        out.push(Case {
+            heads,
+            kv,
+            d: 64,
+            t: 5,
+            history: 300,
+            window: None,
             softcap: None,
         });
     }

@@ -21,12 +21,16 @@ const MAX_SPLITS: usize = 1024;
 /// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
 /// context (ncu, H200), nearly all of its blocks without a key to read.
 const SPLIT_BLOCKS: usize = 64;
+/// Query heads of one kv head's group per block of the split kernel (`ATTN_HEADS` in
+/// kernels.cu): they share each K/V row the block loads.
+const ATTN_HEADS: usize = 4;
 /// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
 
 /// Attention of the `t` newest positions over a KV cache in one kernel (per-split partial
-/// softmax; the last split of each query head combines), reading K/V once in place: no copy of the cache, no mask
+/// softmax, up to four query heads of a kv head's group per block; the last split of each
+/// query head combines), reading K/V once in place: no copy of the cache, no mask
 /// tensor, no `[t, len]` scores in memory.
 ///
 /// Inputs of [`CustomOp3`]: `q: [1, heads, t, d]` (rows and heads may be strided, elements
@@ -160,7 +164,7 @@ impl SplitAttention {
         l.val(self.softcap.unwrap_or(0.0) as f32);
         let cfg = LaunchConfig {
             grid_dim: (
-                (t * group) as u32,
+                (t * group.div_ceil(ATTN_HEADS)) as u32,
                 kv_heads as u32,
                 splits.min(SPLIT_BLOCKS) as u32,
             ),

@@ -103,21 +103,27 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 
 // Split-K attention of single query rows over a cache ("flash decoding").
 //
-// Grid: x = t * group (query row i = x / group, head-in-group = x % group), y = kv head,
+// Grid: x = t * ceil(group / ATTN_HEADS) (query row i = x / that; the block takes heads
+// ATTN_HEADS * (x % that) ... of the kv head's group, at most ATTN_HEADS of them), y = kv head,
 // z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: WARPS
-// warps. Split s covers key indices [s * split_len, (s+1) * split_len)
-// in tiles of 32 keys, one tile per warp at a time: lane l scores key tile + l (reading that
-// key's row with vector loads), the warp takes the tile's softmax terms with shuffles, then
-// every lane accumulates its E output dimensions over the tile's value rows (coalesced).
-// The keys are `len` consecutive positions and the t queries are the newest t of them:
-// query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with a
-// sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
+// warps. Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
+// one tile per warp at a time: lane l loads key tile + l once and scores it against each of
+// the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
+// lane loads its E dimensions of each of the tile's value rows once and accumulates them for
+// every head (coalesced). Grouped query heads thus read their K/V once per block, not once
+// per head. The keys are `len` consecutive positions and the t queries are the newest t of
+// them: query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with
+// a sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
 // not null (a captured graph replays with the length of the step), else it is `len_arg`.
 //
 // Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
 // output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)];
-// the last split block of a (row, head) to finish combines them into y[i, h * d ...]
-// ([t, heads * d]). Splits without a visible key write nothing.
+// the last split block of a (row, head block) to finish combines them into y[i, h * d ...]
+// ([t, heads * d]). Splits without a visible key write nothing; a query whose visible keys
+// all sit in one split writes y directly (what the combine makes of one split: its weight
+// is exp(0) = 1). A head's result depends on its own row, keys and the split boundaries
+// only: never on t, the group or the other heads of its block.
+constexpr int ATTN_HEADS = 4;
 template <typename T, int E>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
@@ -125,11 +131,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
                            float softcap) {
-  constexpr int D = 32 * E;
+  constexpr int D = 32 * E, HB = ATTN_HEADS;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int row = blockIdx.x / group, head = blockIdx.y * group + blockIdx.x % group;
+  const int hblocks = (group + HB - 1) / HB;
+  const int row = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
+  const int h0 = blockIdx.y * group + hb * HB, nh = min(HB, group - hb * HB);
   const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
   const int qpos = len - t + row;
   // The splits holding a key this query sees: [first_split, end_split). This block takes
@@ -141,47 +149,68 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   if (start >= end_split) return;
 
-  __shared__ float sq[D];
-  for (int e = threadIdx.x; e < D; e += blockDim.x)
-    sq[e] = to_f32(q[head * q_head_stride + row * q_row_stride + e]);
+  __shared__ float sq[HB][D];
+  for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
+    const int h = i / D, e = i % D;
+    sq[h][e] = h < nh ? to_f32(q[(h0 + h) * q_head_stride + row * q_row_stride + e]) : 0.f;
+  }
   __syncthreads();
   const T *kb = k + blockIdx.y * kv_head_stride;
   const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
-  __shared__ float sm[WARPS], sl[WARPS], sacc[WARPS][D];
+  __shared__ float sm[WARPS][HB], sl[WARPS][HB], sacc[WARPS][HB][D];
   int mine = 0;  // splits this block wrote
   for (int split = start; split < end_split; split += zs, ++mine) {
     const int hi = min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
     if (window > 0) lo = max(lo, qpos + 1 - window);
-    float m = -INFINITY, l = 0.f, acc[E];
+    float m[HB], l[HB], acc[HB][E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+    for (int h = 0; h < HB; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+    }
     for (int tile = split * split_len + warp * 32; tile < hi; tile += WARPS * 32) {
       const int j = tile + lane;
       const bool live = j >= lo && j < hi;
-      float s = -INFINITY;
+      if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
+      float sc[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
       if (live) {
         const T *kr = kb + (long)j * D;
-        float dot = 0.f;
+        float dot[HB];
+#pragma unroll
+        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
 #pragma unroll
         for (int c = 0; c < D; c += V16) {
           float kv_[V16];
           load_vec<T, V16>(kr + c, kv_);
 #pragma unroll
-          for (int e = 0; e < V16; ++e) dot += sq[c + e] * kv_[e];
+          for (int h = 0; h < HB; ++h)
+#pragma unroll
+            for (int e = 0; e < V16; ++e) dot[h] += sq[h][c + e] * kv_[e];
         }
-        s = softcap > 0.f ? tanhf(dot / softcap) * softcap : dot;
+#pragma unroll
+        for (int h = 0; h < HB; ++h)
+          sc[h] = softcap > 0.f ? tanhf(dot[h] / softcap) * softcap : dot[h];
       }
-      float tile_max = s;
+      float p[HB];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-      if (tile_max == -INFINITY) continue;  // nothing visible in this tile
-      const float m_new = fmaxf(m, tile_max);
-      const float corr = __expf(m - m_new);
-      const float p = live ? __expf(s - m_new) : 0.f;
-      l = l * corr + warp_sum(p);
+      for (int h = 0; h < HB; ++h) {
+        float tile_max = sc[h];
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] *= corr;
+        for (int o = 16; o > 0; o >>= 1)
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+        const float m_new = fmaxf(m[h], tile_max);
+        const float corr = __expf(m[h] - m_new);
+        p[h] = live ? __expf(sc[h] - m_new) : 0.f;
+        l[h] = l[h] * corr + warp_sum(p[h]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] *= corr;
+        m[h] = m_new;
+      }
       // Value rows in batches of 8 independent loads (rows past `hi` are not read; rows
       // below `lo` are cache rows with probability 0).
       const int n = min(32, hi - tile);
@@ -197,76 +226,75 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
           }
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float pj = __shfl_sync(0xffffffffu, p, base + u);
+        for (int u = 0; u < 8; ++u)
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[e] += pj * vv[u][e];
-        }
+          for (int h = 0; h < HB; ++h) {
+            const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[h][e] += pj * vv[u][e];
+          }
       }
-      m = m_new;
     }
 
-    // Combine the warps.
-    if (lane == 0) {
-      sm[warp] = m;
-      sl[warp] = l;
+    // Combine the warps, head by head.
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      if (lane == 0) {
+        sm[warp][h] = m[h];
+        sl[warp][h] = l[h];
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[h][e];
     }
-#pragma unroll
-    for (int e = 0; e < E; ++e) sacc[warp][lane * E + e] = acc[e];
     __syncthreads();
-    float M = -INFINITY;
+    const bool only = end_split - first_split == 1;
+    for (int h = 0; h < nh; ++h) {
+      float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
-    if (end_split - first_split == 1) {
-      // The only split (a cache of at most split_len visible keys): the output directly,
-      // bitwise what the combine makes of one split (its weight is exp(0) = 1).
+      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][h]);
       float L = 0.f;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w)
-        if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
-      T *yo = y + (long)(row * heads + head) * D;
+        if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
+      const int rh = row * heads + h0 + h;
+      float *out = part + ((long)rh * splits + split) * (D + 2);
       for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w)
-          if (sm[w] > -INFINITY) a += sacc[w][e] * __expf(sm[w] - M);
-        yo[e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+          if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
+        if (only)
+          y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+        else
+          out[2 + e] = a;
       }
-      return;
+      if (!only && threadIdx.x == 0) {
+        out[0] = M;
+        out[1] = L;
+      }
     }
-    float *out = part + ((long)(row * heads + head) * splits + split) * (D + 2);
-    for (int e = threadIdx.x; e < D; e += blockDim.x) {
-      float a = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w)
-        if (sm[w] > -INFINITY) a += sacc[w][e] * __expf(sm[w] - M);
-      out[2 + e] = a;
-    }
-    if (threadIdx.x == 0) {
-      float L = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w)
-        if (sm[w] > -INFINITY) L += sl[w] * __expf(sm[w] - M);
-      out[0] = M;
-      out[1] = L;
-    }
+    if (only) return;
     __syncthreads();  // sm, sl, sacc are the next split's
   }
-  // The last of the (row, head)'s live splits to finish combines them all (its count is
-  // reset for the next launch; no other block of this launch touches it again).
+  // The last of the (row, head block)'s live splits to finish combines them all (its count
+  // is reset for the next launch; no other block of this launch touches it again).
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned int *done = &attn_done[row * heads + head];
+    unsigned int *done = &attn_done[row * heads + h0];
     last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_split - first_split);
     if (last) *done = 0u;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-  attn_combine<T, D>(part + ((long)(row * heads + head) * splits + first_split) * (D + 2),
-                     end_split - first_split, y + (long)(row * heads + head) * D);
+  for (int h = 0; h < nh; ++h) {
+    const int rh = row * heads + h0 + h;
+    attn_combine<T, D>(part + ((long)rh * splits + first_split) * (D + 2),
+                       end_split - first_split, y + (long)rh * D);
+    __syncthreads();  // the combine's shared weights are the next head's
+  }
 }
 
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
@@ -811,6 +839,26 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   const T *wb = w + row_b * in + 8 * V * tig;
   // This warp's chunks (of CH inputs): first, first + step, ... below end.
   const int first = warp, end = in / CH, step = WARPS;
+  // A chunk this warp may always read (a warp past the end has none of its own).
+  const int safe = first < end ? first : 0;
+  uint4 a0[U][V], a1[U][V];
+  // Loads of the weight chunks from `ch` on (unconditional: a chunk past the end reads a safe
+  // one again and is skipped), all in flight before the first mma.
+  auto load_w = [&](int ch) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = ch + u * step;
+      const int k = (cu < end ? cu : safe) * CH;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
+        a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
+      }
+    }
+  };
+  // The first chunks are weights, which no kernel writes: they load before `pdl_begin`, while
+  // the kernel ahead (a norm, the attention) finishes.
+  load_w(first);
   pdl_begin();
   const T *xr[NT];
   bool xlive[NT];
@@ -824,20 +872,16 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int ch = first; ch < end; ch += step * U) {
-    // Unconditional loads (a chunk past the end reads this warp's first again and is
-    // skipped), so all of them are in flight before the first mma.
-    uint4 a0[U][V], a1[U][V], b[NT][U][V];
+    if (ch != first) load_w(ch);
+    uint4 b[NT][U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = ch + u * step;
-      const int k = (cu < end ? cu : first) * CH;
+      const int k = (cu < end ? cu : safe) * CH;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
-        a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
+      for (int j = 0; j < V; ++j)
 #pragma unroll
         for (int n = 0; n < NT; ++n) b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
-      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
