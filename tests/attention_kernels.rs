@@ -87,6 +87,16 @@ fn cases() -> Vec<Case> {
             softcap: None,
         });
     }
+    // A cache long enough for the split kernel to group query heads (blocks of 4 and 3).
+    out.push(Case {
+        heads: 14,
+        kv: 2,
+        d: 64,
+        t: 2,
+        history: 4_200,
+        window: None,
+        softcap: None,
+    });
     for t in [5, 150] {
         out.push(Case {
             heads: 4,

@@ -11,9 +11,12 @@ use super::view;
 /// Warps per block of the split kernel (`WARPS` in kernels.cu).
 const WARPS: u32 = 4;
 
-/// Keys per split of [`SplitAttention`]: one 32-key tile per warp, so a short cache still
-/// spreads over blocks and an 8k cache's partial results stay a few MB.
-pub const SPLIT_LEN: usize = 128;
+/// Keys per split of [`SplitAttention`]: two 32-key tiles per warp. A query that sees at most
+/// this many keys has one split and writes its output directly, without the partial row,
+/// count and combine (a chain of dependent global loads that dominates at short contexts);
+/// an 8k cache still spreads over 32 splits per head. The boundaries depend on the cache's
+/// capacity only, never on the row count, so verification rows stay bitwise decode rows.
+pub const SPLIT_LEN: usize = 256;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 1024;
 /// Most blocks per query head: past `SPLIT_BLOCKS` splits a block takes several, one after
@@ -21,16 +24,22 @@ const MAX_SPLITS: usize = 1024;
 /// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
 /// context (ncu, H200), nearly all of its blocks without a key to read.
 const SPLIT_BLOCKS: usize = 64;
-/// Query heads of one kv head's group per block of the split kernel (`ATTN_HEADS` in
-/// kernels.cu): they share each K/V row the block loads.
-const ATTN_HEADS: usize = 4;
+/// Query heads of one kv head's group per block of the split kernel over caches of at least
+/// [`GROUPED_MIN_LEN`] keys (`HB` in kernels.cu): they share each K/V row the block loads.
+/// Shorter caches take one block per query head, the shortest chain of dependent loads. Each
+/// head's arithmetic is the same either way.
+const GROUPED_HEADS: usize = 4;
+/// Keys from which the split kernel groups query heads. Measured on the H200 (8B shape,
+/// 2026-11-23): grouped heads decoded 6% slower at 128 and 1,024 tokens of context and
+/// 2-3% faster at 4,096 and 8,000, where they verified 5 tokens 16-21% faster.
+const GROUPED_MIN_LEN: usize = 4096;
 /// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
 
 /// Attention of the `t` newest positions over a KV cache in one kernel (per-split partial
-/// softmax, up to four query heads of a kv head's group per block; the last split of each
-/// query head combines), reading K/V once in place: no copy of the cache, no mask
+/// softmax, up to four query heads of a kv head's group per block over long caches; the last
+/// split of each query head combines), reading K/V once in place: no copy of the cache, no mask
 /// tensor, no `[t, len]` scores in memory.
 ///
 /// Inputs of [`CustomOp3`]: `q: [1, heads, t, d]` (rows and heads may be strided, elements
@@ -137,7 +146,12 @@ impl SplitAttention {
         // SAFETY: the last split block of each (row, head) writes its d outputs.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
 
-        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}"))?;
+        let hb = if max_len >= GROUPED_MIN_LEN && group > 1 {
+            GROUPED_HEADS
+        } else {
+            1
+        };
+        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -164,7 +178,7 @@ impl SplitAttention {
         l.val(self.softcap.unwrap_or(0.0) as f32);
         let cfg = LaunchConfig {
             grid_dim: (
-                (t * group.div_ceil(ATTN_HEADS)) as u32,
+                (t * group.div_ceil(hb)) as u32,
                 kv_heads as u32,
                 splits.min(SPLIT_BLOCKS) as u32,
             ),

@@ -103,8 +103,8 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 
 // Split-K attention of single query rows over a cache ("flash decoding").
 //
-// Grid: x = t * ceil(group / ATTN_HEADS) (query row i = x / that; the block takes heads
-// ATTN_HEADS * (x % that) ... of the kv head's group, at most ATTN_HEADS of them), y = kv head,
+// Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
+// HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
 // z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: WARPS
 // warps. Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
 // one tile per warp at a time: lane l loads key tile + l once and scores it against each of
@@ -123,15 +123,16 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 // all sit in one split writes y directly (what the combine makes of one split: its weight
 // is exp(0) = 1). A head's result depends on its own row, keys and the split boundaries
 // only: never on t, the group or the other heads of its block.
-constexpr int ATTN_HEADS = 4;
-template <typename T, int E>
+// HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
+// or 4 (long caches: K/V read once for four heads).
+template <typename T, int E, int HB>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
                            float softcap) {
-  constexpr int D = 32 * E, HB = ATTN_HEADS;
+  constexpr int D = 32 * E;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -297,16 +298,17 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   }
 }
 
-#define ATTN_SPLIT(NAME, T, E)                                                                 \
+#define ATTN_SPLIT1(NAME, T, E, HB)                                                            \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
            float softcap) {                                                                    \
     pdl_begin();                                                                               \
-    attn_split<T, E>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride,      \
-                     q_row_stride, kv_head_stride, split_len, splits, window, softcap);       \
+    attn_split<T, E, HB>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride,  \
+                         q_row_stride, kv_head_stride, split_len, splits, window, softcap);   \
   }
+#define ATTN_SPLIT(NAME, T, E) ATTN_SPLIT1(NAME##_h1, T, E, 1) ATTN_SPLIT1(NAME##_h4, T, E, 4)
 
 ATTN_SPLIT(attn_split_f32_d32, float, 1)
 ATTN_SPLIT(attn_split_f32_d64, float, 2)
