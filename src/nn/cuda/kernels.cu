@@ -212,13 +212,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         for (int e = 0; e < E; ++e) acc[h][e] *= corr;
         m[h] = m_new;
       }
-      // Value rows in batches of 8 independent loads (rows past `hi` are not read; rows
-      // below `lo` are cache rows with probability 0).
+      // Value rows in batches of VB independent loads, each batch one round trip to memory
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
+      constexpr int VB = E <= 4 ? 16 : 8;
       const int n = min(32, hi - tile);
-      for (int base = 0; base < n; base += 8) {
-        float vv[8][E];
+      for (int base = 0; base < n; base += VB) {
+        float vv[VB][E];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < VB; ++u) {
           if (base + u < n) {
             load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
           } else {
@@ -227,7 +228,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
           }
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
+        for (int u = 0; u < VB; ++u)
 #pragma unroll
           for (int h = 0; h < HB; ++h) {
             const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
