@@ -173,15 +173,14 @@ pub fn add_rmsnorm(
     eps: f32,
 ) -> Result<Option<(Tensor, Tensor)>> {
     #[cfg(feature = "cuda")]
-    if x.device().is_cuda()
-        && x.rank() == 2
-        && x.dims() == y.dims()
-        && x.dim(1)? <= super::cuda::ADD_RMSNORM_MAX
-    {
+    if super::cuda::add_rmsnorm_applies(x, y) {
         let op = super::cuda::AddRmsNorm { eps };
-        let out = x
-            .contiguous()?
-            .apply_op3_no_bwd(&y.contiguous()?, &weight.contiguous()?, &op)?;
+        let (x, y) = (x.contiguous()?, y.contiguous()?);
+        // A copy made by `contiguous` starts aligned; a view must already be.
+        if !super::cuda::add_rmsnorm_applies(&x, &y) {
+            return Ok(None);
+        }
+        let out = x.apply_op3_no_bwd(&y, &weight.contiguous()?, &op)?;
         return Ok(Some((out.get(0)?, out.get(1)?)));
     }
     let _ = (x, y, weight, eps);

@@ -282,8 +282,25 @@ impl candle_core::CustomOp1 for SiluMul {
     }
 }
 
-/// Widest row [`AddRmsNorm`] takes: 1,024 threads of `NORM_PER_THREAD` (kernels.cu) values.
-pub const ADD_RMSNORM_MAX: usize = 1024 * 16;
+/// Threads per block of `add_rmsnorm` (at most), and the 16-byte vectors each holds
+/// (`NORM_VECS` in kernels.cu): rows of up to 32 KB.
+const NORM_THREADS: usize = 256;
+const NORM_VECS: usize = 8;
+
+/// True when [`AddRmsNorm`] takes `x`, `y: [t, h]`: on CUDA, equal shapes, rows of whole
+/// 16-byte vectors starting 16-byte aligned, at most 32 KB.
+pub fn add_rmsnorm_applies(x: &Tensor, y: &Tensor) -> bool {
+    let size = x.dtype().size_in_bytes();
+    let vec = 16 / size.max(1);
+    let aligned = |t: &Tensor| t.layout().start_offset() % vec == 0;
+    x.device().is_cuda()
+        && x.rank() == 2
+        && x.dims() == y.dims()
+        && x.dims()[1] % vec == 0
+        && x.dims()[1] * size <= NORM_THREADS * NORM_VECS * 16
+        && aligned(x)
+        && aligned(y)
+}
 
 /// Residual add and RMSNorm in one pass: inputs `x`, `y: [t, h]`, `w: [h]` (contiguous);
 /// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in kernels.cu).
@@ -312,8 +329,15 @@ impl AddRmsNorm {
             candle_core::bail!("add-rmsnorm: x must be [t, h]");
         };
         let (t, h) = (*t, *h);
-        if h > ADD_RMSNORM_MAX {
-            candle_core::bail!("add-rmsnorm: rows of {h} exceed the kernel's {ADD_RMSNORM_MAX}");
+        let vec = 16 / std::mem::size_of::<T>();
+        if h % vec != 0
+            || h / vec > NORM_THREADS * NORM_VECS
+            || [x0, y0, w0].iter().any(|o| o % vec != 0)
+        {
+            candle_core::bail!(
+                "add-rmsnorm: rows of {h} must be whole 16-byte vectors, 16-byte aligned, at most {}",
+                NORM_THREADS * NORM_VECS * vec
+            );
         }
         if yl.dims() != xl.dims() || wl.dims() != [h] {
             candle_core::bail!(
@@ -331,10 +355,15 @@ impl AddRmsNorm {
         l.val(t as i32).val(h as i32).val(self.eps);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
-            block_dim: (1024.min(h.next_multiple_of(32)) as u32, 1, 1),
+            block_dim: (
+                NORM_THREADS.min((h / vec).next_multiple_of(32)) as u32,
+                1,
+                1,
+            ),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `add_rmsnorm`; block i touches row i of x, y and both halves of out.
+        // SAFETY: matches `add_rmsnorm`; block i touches row i of x, y and both halves of out,
+        // in whole aligned vectors (checked above; `out` is a fresh allocation).
         unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((2, t, h))))
     }

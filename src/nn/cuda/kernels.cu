@@ -972,33 +972,44 @@ SILU_MUL(silu_mul_f16, __half)
 
 // Residual add then RMSNorm of the sum, one block per row: s = x + y (rounded to T, as the
 // separate add would), out = s / sqrt(mean(s^2) + eps) * w. Writes s to out[0] and the norm
-// to out[1] of a [2, t, h] output. Thread i holds elements i, i + blockDim.x, ... (at most
-// NORM_PER_THREAD of them) in registers; the norm's weights load before `pdl_begin`.
-constexpr int NORM_PER_THREAD = 16;
+// to out[1] of a [2, t, h] output. 16-byte vectors: thread i holds vectors i,
+// i + blockDim.x, ... (at most NORM_VECS of them) in registers; the norm's weights load
+// before `pdl_begin`. h is a multiple of the vector and rows start 16-byte aligned
+// (`AddRmsNorm` checks).
+constexpr int NORM_VECS = 8;
 template <typename T>
 __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
                             const T *__restrict__ w, T *__restrict__ out, int t, int h,
                             float eps) {
-  float wv[NORM_PER_THREAD], sv[NORM_PER_THREAD];
+  constexpr int VEC = 16 / sizeof(T);
+  const int nvec = h / VEC;
+  uint4 wv[NORM_VECS], sv[NORM_VECS];
 #pragma unroll
-  for (int k = 0; k < NORM_PER_THREAD; ++k) {
+  for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
-    wv[k] = i < h ? to_f32(w[i]) : 0.f;
+    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
   }
   pdl_begin();
   const long row = blockIdx.x;
-  const T *xr = x + row * h, *yr = y + row * h;
-  T *sr = out + row * h, *nr = out + ((long)t + row) * h;
+  const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * h);
+  const uint4 *yr = reinterpret_cast<const uint4 *>(y + row * h);
+  uint4 *sr = reinterpret_cast<uint4 *>(out + row * h);
+  uint4 *nr = reinterpret_cast<uint4 *>(out + ((long)t + row) * h);
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < NORM_PER_THREAD; ++k) {
+  for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
-    sv[k] = 0.f;
-    if (i < h) {
-      const T s = from_f32<T>(to_f32(xr[i]) + to_f32(yr[i]));
-      sr[i] = s;
-      sv[k] = to_f32(s);
-      ss += sv[k] * sv[k];
+    if (i < nvec) {
+      const uint4 a = xr[i], b = yr[i];
+      const T *pa = reinterpret_cast<const T *>(&a), *pb = reinterpret_cast<const T *>(&b);
+      T *ps = reinterpret_cast<T *>(&sv[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        ps[e] = from_f32<T>(to_f32(pa[e]) + to_f32(pb[e]));
+        const float f = to_f32(ps[e]);
+        ss += f * f;
+      }
+      sr[i] = sv[k];
     }
   }
   __shared__ float red[32];
@@ -1009,9 +1020,16 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
   for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
   const float scale = rsqrtf(ss / h + eps);
 #pragma unroll
-  for (int k = 0; k < NORM_PER_THREAD; ++k) {
+  for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
-    if (i < h) nr[i] = from_f32<T>(sv[k] * scale * wv[k]);
+    if (i < nvec) {
+      const T *ps = reinterpret_cast<const T *>(&sv[k]), *pw = reinterpret_cast<const T *>(&wv[k]);
+      uint4 o;
+      T *po = reinterpret_cast<T *>(&o);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) po[e] = from_f32<T>(to_f32(ps[e]) * scale * to_f32(pw[e]));
+      nr[i] = o;
+    }
   }
 }
 

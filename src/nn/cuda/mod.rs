@@ -98,5 +98,5 @@ pub use attention::{
     SplitAttention,
 };
 pub use dense::{
-    gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul, ADD_RMSNORM_MAX,
+    add_rmsnorm_applies, gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul,
 };
