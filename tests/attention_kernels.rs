@@ -7,11 +7,14 @@
 //! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
 //! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
 //! more splits than the split kernel has blocks per head.
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use specdec::nn::{causal_attention, PREFILL_CHUNK};
 
 #[path = "common/device.rs"]
 mod device;
+#[path = "common/host.rs"]
+mod host;
+use host::{host, values};
 
 /// One shape: heads, kv heads, head width, queries, keys before them, window, softcap.
 #[derive(Debug, Clone, Copy)]
@@ -109,30 +112,6 @@ fn cases() -> Vec<Case> {
         });
     }
     out
-}
-
-/// Deterministic values in [-scale, scale).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
-fn host(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
 }
 
 /// `[t, heads * d]` by the formula, in f64, from the host copies of q `[heads, t, d]` and of

@@ -10,30 +10,9 @@ use specdec::nn::Linear;
 
 #[path = "common/device.rs"]
 mod device;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
-fn host(t: &Tensor) -> Vec<f32> {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-}
+#[path = "common/host.rs"]
+mod host;
+use host::{host, values};
 
 /// Whether a GEMV kernel takes every row count of this product on the test device (CUDA,
 /// `fused::gemv`'s shape conditions).
@@ -43,11 +22,11 @@ fn row_exact(dev: &Device, out: usize, inp: usize) -> bool {
 
 fn check(dtype: DType, out: usize, inp: usize, tol: f32) {
     let dev = device::device();
-    let w = Tensor::from_vec(values(out * inp, 7), (out, inp), &dev)
+    let w = Tensor::from_vec(values(out * inp, 7, 1.0), (out, inp), &dev)
         .unwrap()
         .to_dtype(dtype)
         .unwrap();
-    let x = Tensor::from_vec(values(16 * inp, 9), (16, inp), &dev)
+    let x = Tensor::from_vec(values(16 * inp, 9, 1.0), (16, inp), &dev)
         .unwrap()
         .to_dtype(dtype)
         .unwrap();
@@ -114,7 +93,7 @@ fn gated_mlp_rows_match_the_formula_and_each_row_alone() {
     let (hidden, inter) = (128, 96);
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
         let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
-            Tensor::from_vec(values(n, seed), shape, &dev)
+            Tensor::from_vec(values(n, seed, 1.0), shape, &dev)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap()

@@ -173,13 +173,13 @@ pub fn add_rmsnorm(
     eps: f32,
 ) -> Result<Option<(Tensor, Tensor)>> {
     #[cfg(feature = "cuda")]
-    if super::cuda::add_rmsnorm_applies(x, y) {
-        let op = super::cuda::AddRmsNorm { eps };
+    if x.device().is_cuda() {
+        // A copy made by `contiguous` starts aligned; a contiguous view must already be.
         let (x, y) = (x.contiguous()?, y.contiguous()?);
-        // A copy made by `contiguous` starts aligned; a view must already be.
         if !super::cuda::add_rmsnorm_applies(&x, &y) {
             return Ok(None);
         }
+        let op = super::cuda::AddRmsNorm { eps };
         let out = x.apply_op3_no_bwd(&y, &weight.contiguous()?, &op)?;
         return Ok(Some((out.get(0)?, out.get(1)?)));
     }
