@@ -9,10 +9,18 @@
 //! 65–100 µs for one row, 290–420 µs for 5); this kernel took 130–155 µs for 5 rows. That is
 //! what lets verifying γ drafts cost not much more than one decode step.
 //!
+//! Kernels, picked at run time: AVX-512 ([`avx512`]: blocks of 8 weight rows × up to 3 token
+//! rows, each loaded vector used several times, a row's result independent of the row
+//! count), AVX2/FMA ([`x86`]: one weight row at a time, about one load per multiply-add) and
+//! portable code.
+//!
 //! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
 //! through candle's matmul.
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// The most rows of `x` this kernel takes; longer inputs (prefill) use candle's gemm, whose
 /// packing pays off there.
@@ -26,8 +34,12 @@ pub const MAX_ROWS: usize = 16;
 pub const MIN_ROWS: usize = 1;
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
-/// more than it saves.
-const PARALLEL_MIN_MACS: usize = 1 << 18;
+/// more than it saves. The same for every row count, so a decode step splits the products a
+/// verification splits. Measured on the 2-core machine (target, decode after 128 tokens):
+/// 0.52–0.53 ms per step at 2^16 (every target product split), 0.69–0.91 ms at 2^18 (q/k/v,
+/// output and down projections of a decode step on one thread); their weights stream from
+/// L3, and two cores stream them faster than one.
+const PARALLEL_MIN_MACS: usize = 1 << 16;
 
 /// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32
 /// and contiguous on the CPU; the caller checks.
@@ -72,44 +84,116 @@ impl CustomOp2 for SkinnyMatmul {
             candle_core::bail!("skinny-matmul: contiguous operands only");
         };
         let (x, w) = (&x[x0..x1], &w[w0..w1]);
-        // Output computed as [out, t] (one row of W per output row), transposed at the end.
-        let mut yt = vec![0f32; out * t];
+        let mut y = vec![0f32; t * out];
         let macs = out * inp * t;
         let threads = rayon::current_num_threads();
         if macs >= PARALLEL_MIN_MACS && threads > 1 {
-            let rows_per = out.div_ceil(threads).max(1);
-            yt.par_chunks_mut(rows_per * t)
-                .zip(w.par_chunks(rows_per * inp))
-                .for_each(|(yt, w)| rows(x, w, t, inp, yt));
-        } else {
-            rows(x, w, t, inp, &mut yt);
-        }
-        if t == 1 {
-            // One row: `[out, 1]` and `[1, out]` are the same memory.
-            return Ok((CpuStorage::F32(yt), Shape::from((t, out))));
-        }
-        let mut y = vec![0f32; t * out];
-        for (j, col) in yt.chunks_exact(t.max(1)).enumerate() {
-            for (i, &v) in col.iter().enumerate() {
-                y[i * out + j] = v;
+            // Whole blocks of the kernels' weight rows per thread, each into its own
+            // `[t, rows]` part, copied into `y`'s columns after.
+            let rows_per = out.div_ceil(threads).next_multiple_of(ROW_BLOCK);
+            let parts: Vec<Vec<f32>> = w
+                .par_chunks(rows_per * inp)
+                .map(|w| {
+                    let n = w.len() / inp;
+                    let mut part = vec![0f32; t * n];
+                    rows(x, w, t, inp, &mut part, n);
+                    part
+                })
+                .collect();
+            for (c, part) in parts.iter().enumerate() {
+                let (j0, n) = (c * rows_per, part.len() / t);
+                for (y, part) in y.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
+                    y[j0..j0 + n].copy_from_slice(part);
+                }
             }
+        } else {
+            rows(x, w, t, inp, &mut y, out);
         }
         Ok((CpuStorage::F32(y), Shape::from((t, out))))
     }
 }
 
-/// `yt[j * t + i] = dot(x[i], w[j])` for the rows `j` of `w` given.
-fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, yt: &mut [f32]) {
+/// Weight rows the fastest kernel takes per block; threads split `w` in multiples of it.
+const ROW_BLOCK: usize = 8;
+
+/// The implementations of [`rows`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kernel {
+    /// Register-blocked AVX-512 ([`avx512`]): a row's result does not depend on the rows
+    /// beside it.
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-        unsafe { x86::rows(x, w, t, inp, yt) };
+    Avx512,
+    /// One weight row at a time against up to 8 token rows, AVX2/FMA ([`x86`]).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// Plain Rust ([`dot`]).
+    Portable,
+}
+
+/// The fastest kernel this CPU runs (detected once).
+fn best_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            if is_x86_feature_detected!("avx512f") {
+                Kernel::Avx512
+            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                Kernel::Avx2
+            } else {
+                Kernel::Portable
+            }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Kernel::Portable
+}
+
+/// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i` of `x: [t, inp]` and every
+/// row `j` of `w: [rows, inp]`; `y: [t, stride]`, `rows ≤ stride`; with [`best_kernel`].
+fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], stride: usize) {
+    rows_with(best_kernel(), x, w, t, inp, y, stride);
+}
+
+/// [`rows`] with `kernel`, which the CPU must support (it is one [`best_kernel`] or a
+/// fallback of it).
+fn rows_with(
+    kernel: Kernel,
+    x: &[f32],
+    w: &[f32],
+    t: usize,
+    inp: usize,
+    y: &mut [f32],
+    stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512 {
+        // SAFETY: the CPU has AVX-512F (the caller's contract, detected at run time);
+        // `avx512::rows` checks the lengths.
+        unsafe { avx512::rows(x, w, t, inp, y, stride) };
         return;
     }
-    for (w_row, y) in w.chunks_exact(inp).zip(yt.chunks_exact_mut(t)) {
-        for (i, y) in y.iter_mut().enumerate() {
-            *y = dot(&x[i * inp..(i + 1) * inp], w_row);
+    let mut col = [0f32; MAX_ROWS];
+    for (j, w_row) in w.chunks_exact(inp).enumerate() {
+        let col = &mut col[..t];
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2 and FMA (the caller's contract, detected at run
+            // time); `x` holds `t` rows of `w_row`'s length.
+            Kernel::Avx2 | Kernel::Avx512 => unsafe { x86::single(x, w_row, t, col) },
+            Kernel::Portable => portable(x, w_row, col),
         }
+        for (i, v) in col.iter().enumerate() {
+            y[i * stride + j] = *v;
+        }
+    }
+}
+
+/// `y[i] = dot(x[i], w_row)` for the `y.len()` rows of `x`.
+fn portable(x: &[f32], w_row: &[f32], y: &mut [f32]) {
+    let inp = w_row.len();
+    for (i, y) in y.iter_mut().enumerate() {
+        *y = dot(&x[i * inp..(i + 1) * inp], w_row);
     }
 }
 
@@ -132,12 +216,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-}
-
-#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
@@ -145,18 +223,9 @@ mod x86 {
     /// and an `x` load fit the sixteen ymm registers.
     const BLOCK: usize = 8;
 
-    /// See [`super::rows`].
+    /// `y[i] = dot(x[i], w_row)` for `i < t`, in blocks of up to [`BLOCK`] tokens.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, yt: &mut [f32]) {
-        for (w_row, y) in w.chunks_exact(inp).zip(yt.chunks_exact_mut(t)) {
-            single(x, w_row, t, y);
-        }
-    }
-
-    /// Every token against one row of `w`, in blocks of up to [`BLOCK`] tokens.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn single(x: &[f32], w_row: &[f32], t: usize, y: &mut [f32]) {
+    pub unsafe fn single(x: &[f32], w_row: &[f32], t: usize, y: &mut [f32]) {
         let mut i0 = 0;
         while i0 < t {
             let n = (t - i0).min(BLOCK);
@@ -237,6 +306,27 @@ mod tests {
     use candle_core::Device;
     use proptest::prelude::*;
 
+    /// Every kernel this CPU runs: the best one and its fallbacks.
+    fn kernels() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                all.push(Kernel::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                all.push(Kernel::Avx512);
+            }
+        }
+        all
+    }
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u64 * 2654435761 + seed) % 1000) as f32 - 500.0) / 250.0)
+            .collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// Equals candle's matmul (up to f32 summation order) for every shape it accepts,
@@ -249,13 +339,81 @@ mod tests {
             seed in 0u64..1000,
         ) {
             let dev = Device::Cpu;
-            let val = |i: usize| (((i as u64 * 2654435761 + seed) % 1000) as f32 - 500.0) / 250.0;
-            let x = Tensor::from_vec((0..t * inp).map(val).collect(), (t, inp), &dev).unwrap();
-            let w = Tensor::from_vec((0..out * inp).map(|i| val(i + 7)).collect(), (out, inp), &dev).unwrap();
+            let x = Tensor::from_vec(values(t * inp, seed), (t, inp), &dev).unwrap();
+            let w = Tensor::from_vec(values(out * inp, seed + 7), (out, inp), &dev).unwrap();
             let want: Vec<Vec<f32>> = x.matmul(&w.t().unwrap()).unwrap().to_vec2().unwrap();
             let got: Vec<Vec<f32>> = skinny_matmul(&x, &w).unwrap().to_vec2().unwrap();
             for (g, e) in got.iter().flatten().zip(want.iter().flatten()) {
                 prop_assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{g} vs {e}");
+            }
+        }
+
+        /// Every kernel the CPU runs (AVX-512, AVX2, portable) against the dot products in
+        /// f64, for every row count 1..=16, widths on both sides of the vector lengths (8,
+        /// 16) and weight row counts that are not multiples of a kernel's block, into a
+        /// wider output (`stride > rows`, as a thread's part is not).
+        #[test]
+        fn every_kernel_matches_the_f64_dot_products(
+            inp in 1usize..80,
+            out in 1usize..40,
+            pad in 0usize..3,
+            seed in 0u64..1000,
+        ) {
+            let x = values(MAX_ROWS * inp, seed);
+            let w = values(out * inp, seed + 7);
+            let stride = out + pad;
+            for kernel in kernels() {
+                for t in 1..=MAX_ROWS {
+                    let mut y = vec![f32::NAN; t * stride];
+                    rows_with(kernel, &x[..t * inp], &w, t, inp, &mut y, stride);
+                    for i in 0..t {
+                        for j in 0..out {
+                            let want: f64 = (0..inp)
+                                .map(|k| x[i * inp + k] as f64 * w[j * inp + k] as f64)
+                                .sum();
+                            let got = y[i * stride + j];
+                            prop_assert!(
+                                (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()) * inp as f64,
+                                "{kernel:?} t {t} row {i} col {j}: {got} vs {want}"
+                            );
+                        }
+                        for j in out..stride {
+                            prop_assert!(y[i * stride + j].is_nan(), "{kernel:?} wrote past its rows");
+                        }
+                    }
+                }
+            }
+        }
+
+        /// With AVX-512, a token row's results are bitwise those of the one-row product: the
+        /// summation order does not depend on the row count (see `avx512`).
+        #[test]
+        fn avx512_rows_equal_the_one_row_product_bitwise(
+            inp in 1usize..80,
+            out in 1usize..40,
+            seed in 0u64..1000,
+        ) {
+            #[cfg(target_arch = "x86_64")]
+            if kernels().contains(&Kernel::Avx512) {
+                let x = values(MAX_ROWS * inp, seed);
+                let w = values(out * inp, seed + 7);
+                let single = |i: usize| {
+                    let mut y = vec![0f32; out];
+                    rows_with(Kernel::Avx512, &x[i * inp..(i + 1) * inp], &w, 1, inp, &mut y, out);
+                    y
+                };
+                let singles: Vec<Vec<f32>> = (0..MAX_ROWS).map(single).collect();
+                for t in 1..=MAX_ROWS {
+                    let mut y = vec![0f32; t * out];
+                    rows_with(Kernel::Avx512, &x[..t * inp], &w, t, inp, &mut y, out);
+                    for (i, one) in singles.iter().enumerate().take(t) {
+                        let row = &y[i * out..(i + 1) * out];
+                        prop_assert!(
+                            row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "t {t} row {i}: {row:?} vs {one:?}"
+                        );
+                    }
+                }
             }
         }
     }
@@ -263,7 +421,8 @@ mod tests {
     #[test]
     fn a_large_product_splits_across_threads_with_the_same_result() {
         let dev = Device::Cpu;
-        let (t, inp, out) = (5, 256, 1536);
+        // 1,531 weight rows: the threads' parts end inside a block of the AVX-512 kernel.
+        let (t, inp, out) = (5, 256, 1531);
         assert!(t * inp * out >= PARALLEL_MIN_MACS);
         let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).unwrap();
         let w = Tensor::randn(0f32, 1.0, (out, inp), &dev).unwrap();
