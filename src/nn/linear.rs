@@ -97,21 +97,18 @@ impl PreNorm<'_> {
         Ok((sum, normed))
     }
 
-    /// [`super::fused::norm_qkv_rope`] of this input.
+    /// [`super::fused::qkv_rope`] of this input with its norm folded in: `(x + h, q)`.
     #[cfg(feature = "cuda")]
     pub(crate) fn fused_qkv_rope(
         &self,
         w: &Tensor,
-        rope: super::cuda::GemvRope,
+        rope: &super::cuda::GemvRope,
     ) -> Result<Option<(Tensor, Tensor)>> {
-        super::fused::norm_qkv_rope(
-            &self.x,
-            self.h.as_ref(),
-            &self.norm.weight,
-            self.norm.eps,
-            w,
-            rope,
-        )
+        let norm = Some((self.h.as_ref(), &self.norm.weight, self.norm.eps));
+        Ok(match super::fused::qkv_rope(&self.x, norm, w, rope)? {
+            Some((Some(sum), q)) => Some((sum, q)),
+            _ => None,
+        })
     }
 
     /// `(x + h, norm(x + h) wᵀ)` (with `silu_gate`, the gated activation of the product) in
