@@ -33,13 +33,13 @@ pub const MAX_ROWS: usize = 16;
 /// one thread, warm weights: within ±15% either way over the default pair's shapes.
 pub const MIN_ROWS: usize = 1;
 
-/// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
-/// more than it saves. The same for every row count, so a decode step splits the products a
-/// verification splits. Measured on the 2-core machine (target, decode after 128 tokens):
-/// 0.52–0.53 ms per step at 2^16 (every target product split), 0.69–0.91 ms at 2^18 (q/k/v,
-/// output and down projections of a decode step on one thread); their weights stream from
-/// L3, and two cores stream them faster than one.
-const PARALLEL_MIN_MACS: usize = 1 << 16;
+/// Weights below which a product runs on the calling thread: waking the pool costs more than
+/// it saves. A count of weights, not of multiply-adds, so that a decode step splits exactly
+/// the products a verification splits (the bound is reading the weights). Measured on the
+/// 2-core machine (target, decode after 128 tokens): 0.52–0.53 ms per step with every target
+/// product split, 0.69–0.91 ms with the q/k/v, output and down projections of a decode step
+/// on one thread; their weights stream from L3, and two cores stream them faster than one.
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
 /// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32
 /// and contiguous on the CPU; the caller checks.
@@ -85,9 +85,8 @@ impl CustomOp2 for SkinnyMatmul {
         };
         let (x, w) = (&x[x0..x1], &w[w0..w1]);
         let mut y = vec![0f32; t * out];
-        let macs = out * inp * t;
         let threads = rayon::current_num_threads();
-        if macs >= PARALLEL_MIN_MACS && threads > 1 {
+        if out * inp >= PARALLEL_MIN_WEIGHTS && threads > 1 {
             // Whole blocks of the kernels' weight rows per thread, each into its own
             // `[t, rows]` part, copied into `y`'s columns after.
             let rows_per = out.div_ceil(threads).next_multiple_of(ROW_BLOCK);
@@ -423,7 +422,7 @@ mod tests {
         let dev = Device::Cpu;
         // 1,531 weight rows: the threads' parts end inside a block of the AVX-512 kernel.
         let (t, inp, out) = (5, 256, 1531);
-        assert!(t * inp * out >= PARALLEL_MIN_MACS);
+        assert!(inp * out >= PARALLEL_MIN_WEIGHTS);
         let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).unwrap();
         let w = Tensor::randn(0f32, 1.0, (out, inp), &dev).unwrap();
         let want: Vec<Vec<f32>> = x.matmul(&w.t().unwrap()).unwrap().to_vec2().unwrap();
