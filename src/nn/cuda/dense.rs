@@ -201,9 +201,9 @@ impl Gemv {
                 200..600 => 16,
                 _ => 8,
             };
-            // The normalised rows and the norm's weights live in dynamic shared memory.
+            // The normalised rows live in dynamic shared memory.
             let smem = if norm.is_some() {
-                (rows + 1) * inp * std::mem::size_of::<T>()
+                rows * inp * std::mem::size_of::<T>()
             } else {
                 0
             };
@@ -404,14 +404,14 @@ pub fn norm_gemv_applies(x: &Tensor, h: Option<&Tensor>, w: &Tensor, silu_gate: 
     };
     // The normalised rows in shared memory, beside the kernel's own (at most 32 KB of a
     // 227 KB budget per block).
-    let rows_bytes = (x.dims()[0] + 1) * x.dims()[1] * x.dtype().size_in_bytes();
+    let rows_bytes = x.dims()[0] * x.dims()[1] * x.dtype().size_in_bytes();
     product
         && knobs().norm_gemv
         && rows_bytes <= NORM_GEMV_MAX_SMEM
         && add_rmsnorm_applies(x, h.unwrap_or(x))
 }
 
-/// Most bytes of normalised rows (and norm weights) a [`Gemv`] with `norm` holds in shared memory (H100/H200
+/// Most bytes of normalised rows a [`Gemv`] with `norm` holds in shared memory (H100/H200
 /// blocks take 227 KB, of which the kernel's own reduction uses up to 32 KB); larger inputs
 /// take the separate norm kernel (bitwise the same rows).
 const NORM_GEMV_MAX_SMEM: usize = 192 * 1024;

@@ -872,8 +872,8 @@ constexpr int GEMV_TC_UNROLL = 4;
 // NORM (the product of a block's first layer reads its pre-norm): x is the residual stream
 // and the product's rows are rmsnorm(x + res_h) * nw (res_h null: x alone), computed as
 // `add_rmsnorm` computes them — the first norm_threads(in) threads of each block, in that
-// kernel's order and arithmetic — into dynamic shared memory ((rows + 1) * in elements: the
-// rows, then the norm's weights), while the block's first weight chunks are in flight. Block 0 also writes the sum x + res_h to
+// kernel's order and arithmetic — into dynamic shared memory (rows * in elements), while the
+// block's first weight chunks are in flight. Block 0 also writes the sum x + res_h to
 // res_out (when res_h is set), the residual stream of the layers after. Everything else is
 // as without NORM, so the products are bitwise those of `add_rmsnorm` then the plain GEMV
 // with the same warps.
@@ -928,28 +928,12 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     }
   };
   // The first chunks are weights, which no kernel writes: they load before `pdl_begin`, while
-  // the kernel ahead (a norm, the attention) finishes; so do the norm's weights (NORM, into
-  // shared memory after the rows) and the RoPE tables' entries of the epilogue (ROPE; the
-  // step's length is written before the step starts).
+  // the kernel ahead (a norm, the attention) finishes.
   load_w(first);
-  extern __shared__ uint4 normed_rows[];
-  if (NORM) {
-    constexpr int VEC = 16 / sizeof(T);
-    const int nvec = in / VEC;
-    uint4 *nw_sm = normed_rows + (long)rows * nvec;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) cp_async16(&nw_sm[i], nw + i * VEC, true);
-    cp_async_commit();
-  }
-  float rope_c = 0.f, rope_s = 0.f;
-  if (ROPE && rot && threadIdx.x < 128 && (int)threadIdx.x % 16 < rows) {
-    const long pos = (long)*rp.len - rows + threadIdx.x % 16;
-    const long at = pos * (rp.d / 2) + rot_e0 + threadIdx.x / 16;
-    rope_c = to_f32(static_cast<const T *>(rp.cos)[at]);
-    rope_s = to_f32(static_cast<const T *>(rp.sin)[at]);
-  }
   pdl_begin();
   // NORM: the normalised rows, built here in dynamic shared memory ([rows, in]), are what
   // the product reads (generic loads serve shared memory as they serve global memory).
+  extern __shared__ uint4 normed_rows[];
   if (NORM) {
     constexpr int VEC = 16 / sizeof(T);
     __shared__ float red[32];
@@ -976,7 +960,6 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       }
       ss = warp_sum(ss);
       if (mine && lane == 0) red[warp] = ss;
-      cp_async_wait<0>();  // this thread's norm weights (all threads': after the barrier)
       __syncthreads();
       if (threadIdx.x == 0) {
         float tot = 0.f;
@@ -985,7 +968,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       }
       __syncthreads();
       if (mine) {
-        const uint4 *wv = normed_rows + (long)rows * nvec;
+        const uint4 *wv = reinterpret_cast<const uint4 *>(nw);
 #pragma unroll
         for (int k = 0; k < NORM_VECS; ++k) {
           const int i = threadIdx.x + k * nt;
@@ -1058,7 +1041,8 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       if (rot && threadIdx.x < 128) {
         const int e = rot_e0 + o;
         const float x1 = to_f32(from_f32<T>(sum(o, r))), x2 = to_f32(from_f32<T>(sum(o + 8, r)));
-        const float c = rope_c, sn = rope_s;
+        const float c = to_f32(static_cast<const T *>(rp.cos)[pos * half + e]);
+        const float sn = to_f32(static_cast<const T *>(rp.sin)[pos * half + e]);
         T *dst = rot_head < rp.heads
                      ? y + ((long)rot_head * rows + r) * rp.d
                      : static_cast<T *>(rp.kc) + (rot_head - rp.heads) * rp.cache_head_stride +

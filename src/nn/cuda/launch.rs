@@ -75,11 +75,10 @@ impl Launch {
         self
     }
 
-    /// Lets the kernel take `bytes` of dynamic shared memory (past 48 KB of static and
-    /// dynamic together the driver needs the function's opt-in, which this gives for any
-    /// size: a host-side attribute of the function).
+    /// Lets the kernel take `bytes` of dynamic shared memory (past the default 48 KB the
+    /// driver needs the function's opt-in).
     pub(super) fn dynamic_smem(&mut self, bytes: usize) -> candle_core::Result<&mut Self> {
-        if bytes > 0 {
+        if bytes > 48 * 1024 {
             // SAFETY: a valid function of a loaded module; the attribute takes an int.
             unsafe {
                 sys::cuFuncSetAttribute(
