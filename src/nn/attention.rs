@@ -193,49 +193,40 @@ impl Attention {
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(capacity)?;
         // Llama-like layers (no q/k norms, no bias): RoPE and the K/V store ride in the q/k/v
-        // product's epilogue, with the pre-norm folded in where it can be; others take the
-        // product, then `RopeStore`.
-        let rope = super::cuda::GemvRope {
-            cos,
-            sin,
-            k_cache: k_buf.clone(),
-            v_cache: v_buf.clone(),
-            len: len.clone(),
-            heads: self.shape.num_heads,
-            kv_heads: self.shape.num_kv_heads,
-            head_dim: self.shape.head_dim,
+        // product's epilogue; others take the product, then `RopeStore`.
+        let fused = match (&self.qk_norm, self.qkv.bias()) {
+            (None, None) => input.fused_qkv_rope(
+                self.qkv.weight(),
+                super::cuda::GemvRope {
+                    cos: cos.clone(),
+                    sin: sin.clone(),
+                    k_cache: k_buf.clone(),
+                    v_cache: v_buf.clone(),
+                    len: len.clone(),
+                    heads: self.shape.num_heads,
+                    kv_heads: self.shape.num_kv_heads,
+                    head_dim: self.shape.head_dim,
+                },
+            )?,
+            _ => None,
         };
-        let plain = self.qk_norm.is_none() && self.qkv.bias().is_none();
-        let folded = match plain {
-            true => input.fused_qkv_rope(self.qkv.weight(), &rope)?,
-            false => None,
-        };
-        let (sum, q) = match folded {
-            Some(pair) => pair,
-            None => {
-                let (sum, normed) = input.apply()?;
-                let q = match plain {
-                    true => fused::qkv_rope(&normed, None, self.qkv.weight(), &rope)?,
-                    false => None,
-                };
-                let q = match q {
-                    Some((_, q)) => q,
-                    None => {
-                        let (q, k, v) = self.project(&normed)?;
-                        let op = super::cuda::RopeStore {
-                            cos: rope.cos,
-                            sin: rope.sin,
-                            k_cache: rope.k_cache,
-                            v_cache: rope.v_cache,
-                            len: rope.len,
-                        };
-                        q.apply_op3_no_bwd(&k, &v, &op)? // [1, heads, t, d]
-                    }
-                };
+        let (sum, q) = match fused {
+            Some((sum, q)) => {
+                profile::mark("qkv projection, rope, cache write", &q)?;
                 (sum, q)
             }
+            None => {
+                let (sum, (q, k, v)) = self.project_pre(input)?;
+                let op = super::cuda::RopeStore {
+                    cos,
+                    sin,
+                    k_cache: k_buf.clone(),
+                    v_cache: v_buf.clone(),
+                    len: len.clone(),
+                };
+                (sum, q.apply_op3_no_bwd(&k, &v, &op)?) // [1, heads, t, d]
+            }
         };
-        profile::mark("qkv projection, rope, cache write", &q)?;
         let op = super::cuda::SplitAttention {
             window: None,
             softcap: self.softcap,

@@ -205,67 +205,51 @@ pub fn norm_gemv(
     Ok(None)
 }
 
-/// An attention's fused q/k/v product `x wᵀ` (`w: [(heads + 2 kv) d, in]`) in a replayed
-/// CUDA step with RoPE and the K/V store of `rope` in the product's epilogue (the arithmetic
-/// of `RopeStore` on the same rounded products), and with the pre-norm folded in as
-/// [`norm_gemv`] folds it when `norm = Some((h, weight, eps))` (`x` then the residual
-/// stream; without it `x` is already normalised). Returns the residual sum `x + h` (with the
-/// norm) and the rotated `q: [1, heads, rows, d]`; the keys and values land in `rope`'s
-/// cache buffers. `Ok(None)` where the kernel does not apply (another device, dtype or shape,
-/// a norm it cannot fold, or `SPECDEC_ROPE_GEMV=0`).
+/// [`norm_gemv`] of an attention's fused q/k/v weight `w: [(heads + 2 kv) d, in]` in a
+/// replayed CUDA step, with RoPE and the K/V store of `rope` in the product's epilogue (the
+/// arithmetic of `RopeStore` on the same rounded products): `(x + h, q)` with `q: [1, heads,
+/// rows, d]` rotated, the keys and values written into `rope`'s cache buffers. `None` where
+/// the kernel does not apply.
 #[cfg(feature = "cuda")]
-pub(crate) fn qkv_rope(
+pub(crate) fn norm_qkv_rope(
     x: &Tensor,
-    norm: Option<(Option<&Tensor>, &Tensor, f32)>,
+    h: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f32,
     w: &Tensor,
-    rope: &super::cuda::GemvRope,
-) -> Result<Option<(Option<Tensor>, Tensor)>> {
-    let (heads, d) = (rope.heads, rope.head_dim);
+    rope: super::cuda::GemvRope,
+) -> Result<Option<(Tensor, Tensor)>> {
     let x = x.contiguous()?;
-    let applies = |x: &Tensor| -> Result<bool> {
-        Ok(x.device().is_cuda()
-            && super::cuda::rope_gemv_enabled()
-            && super::cuda::tensor_core_gemv_applies(x, w)
-            && d % 16 == 0
-            && w.dim(0)? == (heads + 2 * rope.kv_heads) * d)
-    };
-    if !applies(&x)? {
+    let h = h.map(Tensor::contiguous).transpose()?;
+    let (heads, d) = (rope.heads, rope.head_dim);
+    if !x.device().is_cuda()
+        || !super::cuda::rope_gemv_enabled()
+        || !super::cuda::norm_gemv_applies(&x, h.as_ref(), w, false)
+        || d % 16 != 0
+        || w.dim(0)? != (heads + 2 * rope.kv_heads) * d
+    {
         return Ok(None);
     }
     let (rows, inp) = x.dims2()?;
-    let h = match norm {
-        Some((h, _, _)) => h.map(Tensor::contiguous).transpose()?,
-        None => None,
-    };
-    let folded = match norm {
-        Some((_, weight, eps)) if super::cuda::norm_gemv_applies(&x, h.as_ref(), w, false) => {
-            Some(super::cuda::GemvNorm {
-                h: h.clone(),
-                weight: weight.contiguous()?,
-                eps,
-            })
-        }
-        Some(_) => return Ok(None),
-        None => None,
-    };
-    let with_norm = folded.is_some();
     let op = super::cuda::Gemv {
         silu_gate: false,
-        norm: folded,
-        rope: Some(rope.clone()),
+        norm: Some(super::cuda::GemvNorm {
+            h: h.clone(),
+            weight: weight.contiguous()?,
+            eps,
+        }),
+        rope: Some(rope),
     };
-    // 1-D: q [heads, rows, d], then (norm folded, with `h`) the residual sum.
+    // 1-D: q [heads, rows, d], then (with `h`) the residual sum.
     let flat = x.apply_op2_no_bwd(w, &op)?;
     let q = flat
         .narrow(0, 0, heads * rows * d)?
         .reshape((1, heads, rows, d))?;
-    let sum = match (with_norm, h) {
-        (false, _) => None,
-        (true, Some(_)) => Some(
-            flat.narrow(0, heads * rows * d, rows * inp)?
-                .reshape((rows, inp))?,
-        ),
-        (true, None) => Some(x),
+    let sum = match h {
+        Some(_) => flat
+            .narrow(0, heads * rows * d, rows * inp)?
+            .reshape((rows, inp))?,
+        None => x,
     };
     Ok(Some((sum, q)))
 }

@@ -97,18 +97,21 @@ impl PreNorm<'_> {
         Ok((sum, normed))
     }
 
-    /// [`super::fused::qkv_rope`] of this input with its norm folded in: `(x + h, q)`.
+    /// [`super::fused::norm_qkv_rope`] of this input.
     #[cfg(feature = "cuda")]
     pub(crate) fn fused_qkv_rope(
         &self,
         w: &Tensor,
-        rope: &super::cuda::GemvRope,
+        rope: super::cuda::GemvRope,
     ) -> Result<Option<(Tensor, Tensor)>> {
-        let norm = Some((self.h.as_ref(), &self.norm.weight, self.norm.eps));
-        Ok(match super::fused::qkv_rope(&self.x, norm, w, rope)? {
-            Some((Some(sum), q)) => Some((sum, q)),
-            _ => None,
-        })
+        super::fused::norm_qkv_rope(
+            &self.x,
+            self.h.as_ref(),
+            &self.norm.weight,
+            self.norm.eps,
+            w,
+            rope,
+        )
     }
 
     /// `(x + h, norm(x + h) wᵀ)` (with `silu_gate`, the gated activation of the product) in

@@ -85,7 +85,6 @@ pub struct Gemv {
 
 /// RoPE and the K/V store of a replayed step's q/k/v product: the tensors of
 /// [`super::RopeStore`] and the head geometry.
-#[derive(Clone)]
 pub struct GemvRope {
     /// `[P, d / 2]` cosines and sines (P covers every position of the cache).
     pub cos: Tensor,
@@ -160,8 +159,8 @@ impl Gemv {
             candle_core::bail!("gemv: the pre-normed product needs the tensor-core path");
         }
         let rope_stride = match &self.rope {
-            Some(_) if self.silu_gate || !tensor_cores => {
-                candle_core::bail!("gemv: RoPE rides on the tensor-core q/k/v product only")
+            Some(_) if self.silu_gate || self.norm.is_none() => {
+                candle_core::bail!("gemv: RoPE rides on the pre-normed q/k/v product only")
             }
             Some(r) => Some(r.check(out)?),
             None => None,
@@ -194,22 +193,15 @@ impl Gemv {
             let nt = rows.div_ceil(8);
             // 16 weight rows per block: 16 outputs, or 8 gated ones.
             let blocks = wd[0].div_ceil(16);
-            // Enough warps in flight where there are few outputs (few blocks). The same with
-            // and without the norm prologue: the warps set the order of the sums.
+            // Enough warps in flight where there are few outputs (few blocks); with the norm
+            // prologue at most 16 (kernels.cu has no 32-warp normed kernels: they spill).
             let warps = match blocks {
-                0..200 => 32,
-                200..600 => 16,
+                0..200 if norm.is_none() => 32,
+                0..600 => 16,
                 _ => 8,
             };
-            // The normalised rows live in dynamic shared memory.
-            let smem = if norm.is_some() {
-                rows * inp * std::mem::size_of::<T>()
-            } else {
-                0
-            };
             let gate = match (self.silu_gate, norm.is_some(), self.rope.is_some()) {
-                (_, true, true) => "rope_norm_",
-                (_, false, true) => "rope_",
+                (_, _, true) => "rope_norm_",
                 (false, false, _) => "",
                 (true, false, _) => "silu_",
                 (false, true, _) => "norm_",
@@ -223,7 +215,6 @@ impl Gemv {
                 None => 1 + usize::from(inp.is_multiple_of(64)),
             };
             let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}_v{v}"))?;
-            l.dynamic_smem(smem)?;
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
             let (mut h_view, mut nw_view) = (None, None);
@@ -284,7 +275,7 @@ impl Gemv {
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
-                shared_mem_bytes: smem as u32,
+                shared_mem_bytes: 0,
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written.
@@ -400,32 +391,15 @@ pub fn norm_gemv_applies(x: &Tensor, h: Option<&Tensor>, w: &Tensor, silu_gate: 
     let product = if silu_gate {
         silu_gate_applies(x, w)
     } else {
-        tensor_core_gemv_applies(x, w)
+        gemv_applies(x, w)
+            && matches!(
+                w.dtype(),
+                candle_core::DType::BF16 | candle_core::DType::F16
+            )
+            && w.dims()[1] % 32 == 0
+            && tensor_core_gemv()
     };
-    // The normalised rows in shared memory, beside the kernel's own (at most 32 KB of a
-    // 227 KB budget per block).
-    let rows_bytes = x.dims()[0] * x.dims()[1] * x.dtype().size_in_bytes();
-    product
-        && knobs().norm_gemv
-        && rows_bytes <= NORM_GEMV_MAX_SMEM
-        && add_rmsnorm_applies(x, h.unwrap_or(x))
-}
-
-/// Most bytes of normalised rows a [`Gemv`] with `norm` holds in shared memory (H100/H200
-/// blocks take 227 KB, of which the kernel's own reduction uses up to 32 KB); larger inputs
-/// take the separate norm kernel (bitwise the same rows).
-const NORM_GEMV_MAX_SMEM: usize = 192 * 1024;
-
-/// True when [`Gemv`] takes `x: [rows, in]` times `w` on its tensor-core path (bf16 / f16,
-/// `in` a multiple of 32): the path of the SiLU gate, the norm prologue and RoPE.
-pub fn tensor_core_gemv_applies(x: &Tensor, w: &Tensor) -> bool {
-    gemv_applies(x, w)
-        && matches!(
-            w.dtype(),
-            candle_core::DType::BF16 | candle_core::DType::F16
-        )
-        && w.dims()[1] % 32 == 0
-        && tensor_core_gemv()
+    product && knobs().norm_gemv && add_rmsnorm_applies(x, h.unwrap_or(x))
 }
 
 /// True when the q/k/v product of a replayed step may carry RoPE and the K/V store

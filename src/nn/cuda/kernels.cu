@@ -871,12 +871,11 @@ constexpr int GEMV_TC_UNROLL = 4;
 // H200). (An L2 prefetch of each warp's first chunks before `pdl_begin` made it 2-7% slower.)
 // NORM (the product of a block's first layer reads its pre-norm): x is the residual stream
 // and the product's rows are rmsnorm(x + res_h) * nw (res_h null: x alone), computed as
-// `add_rmsnorm` computes them — the first norm_threads(in) threads of each block, in that
-// kernel's order and arithmetic — into dynamic shared memory (rows * in elements), while the
-// block's first weight chunks are in flight. Block 0 also writes the sum x + res_h to
-// res_out (when res_h is set), the residual stream of the layers after. Everything else is
-// as without NORM, so the products are bitwise those of `add_rmsnorm` then the plain GEMV
-// with the same warps.
+// `add_rmsnorm` computes them: the first norm_threads(in) threads of each block take every
+// row's sum of squares in that kernel's order, then each x chunk is added, normalised and
+// rounded as it loads. Block 0 also writes the sum x + res_h to res_out (when res_h is set),
+// the residual stream of the layers after. Everything else is as without NORM, so the
+// products are bitwise those of `add_rmsnorm` then the plain GEMV.
 // ROPE (an attention's fused q/k/v product in a replayed step, `w` = [(heads + 2 kv) d, in]):
 // instead of y, the epilogue writes what `rope_store` makes of the product — q rotated to
 // y = q_out [heads, rows, d], k rotated and v plain into the caches at slot len - rows + r
@@ -931,61 +930,52 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   // the kernel ahead (a norm, the attention) finishes.
   load_w(first);
   pdl_begin();
-  // NORM: the normalised rows, built here in dynamic shared memory ([rows, in]), are what
-  // the product reads (generic loads serve shared memory as they serve global memory).
-  extern __shared__ uint4 normed_rows[];
+  __shared__ float row_scale[NORM ? 16 : 1];
   if (NORM) {
     constexpr int VEC = 16 / sizeof(T);
     __shared__ float red[32];
-    __shared__ float scale;
     const int nvec = in / VEC, nt = norm_threads(in, VEC);
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     for (int r = 0; r < rows; ++r) {
       float ss = 0.f;
-      uint4 *sv = normed_rows + (long)r * nvec;  // the sums, then (in place) their norms
-      const bool mine = threadIdx.x < nt;
-      if (mine) {
+      if (threadIdx.x < nt) {
         const uint4 *xv = reinterpret_cast<const uint4 *>(x + (long)r * in);
         const uint4 *hv = reinterpret_cast<const uint4 *>(res_h + (long)r * in);
-        uint4 *so = reinterpret_cast<uint4 *>(res_out + (long)r * in);
+        uint4 *sv = reinterpret_cast<uint4 *>(res_out + (long)r * in);
         const bool write = res_h && res_out && blockIdx.x == 0;
 #pragma unroll
         for (int k = 0; k < NORM_VECS; ++k) {
           const int i = threadIdx.x + k * nt;
           if (i < nvec) {
-            sv[i] = add_vec<T>(xv[i], res_h ? hv[i] : zero4, ss);
-            if (write) so[i] = sv[i];
+            const uint4 s = add_vec<T>(xv[i], res_h ? hv[i] : zero4, ss);
+            if (write) sv[i] = s;
           }
         }
       }
       ss = warp_sum(ss);
-      if (mine && lane == 0) red[warp] = ss;
+      if (threadIdx.x < nt && lane == 0) red[warp] = ss;
       __syncthreads();
       if (threadIdx.x == 0) {
         float tot = 0.f;
         for (int i = 0; i < nt / 32; ++i) tot += red[i];
-        scale = rsqrtf(tot / in + eps);
+        row_scale[r] = rsqrtf(tot / in + eps);
       }
       __syncthreads();
-      if (mine) {
-        const uint4 *wv = reinterpret_cast<const uint4 *>(nw);
-#pragma unroll
-        for (int k = 0; k < NORM_VECS; ++k) {
-          const int i = threadIdx.x + k * nt;
-          if (i < nvec) sv[i] = norm_vec<T>(sv[i], wv[i], scale);
-        }
-      }
     }
-    __syncthreads();
   }
   const T *xr[NT];
+  const T *hr[NT];
+  float xs[NT];
   bool xlive[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     xlive[n] = n * 8 + grp < rows;
     const int r = min(n * 8 + grp, rows - 1);
-    xr[n] = (NORM ? reinterpret_cast<const T *>(normed_rows) : x) + (long)r * in + 8 * V * tig;
+    xr[n] = x + (long)r * in + 8 * V * tig;
+    hr[n] = NORM && res_h ? res_h + (long)r * in + 8 * V * tig : nullptr;
+    xs[n] = NORM ? row_scale[r] : 0.f;
   }
+  const T *nwr = NORM ? nw + 8 * V * tig : nullptr;
   float c[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
@@ -1000,7 +990,15 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #pragma unroll
       for (int j = 0; j < V; ++j)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
+        for (int n = 0; n < NT; ++n) {
+          b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
+          if (NORM) {
+            float unused = 0.f;
+            const uint4 hv = hr[n] ? reinterpret_cast<const uint4 *>(hr[n] + k)[j] : zero;
+            const uint4 s = add_vec<T>(b[n][u][j], hv, unused);
+            b[n][u][j] = norm_vec<T>(s, reinterpret_cast<const uint4 *>(nwr + k)[j], xs[n]);
+          }
+        }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -1077,26 +1075,31 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     gemv_tc<T, NT, W, GATED, V, NORM, false>(x, w, y, rows, in, out, res_h, nw, res_out, eps,  \
                                              RopeArgs{});                                      \
   }
-// The q/k/v product of a replayed step with RoPE + the cache store (`rope` in the name), with
-// or without the pre-norm.
-#define GEMV_TC_ROPE(NAME, T, NT, W, V, NORM)                                                  \
+// The q/k/v product of a replayed step with its pre-norm and RoPE + cache store (`rope` in
+// the name).
+#define GEMV_TC_ROPE(NAME, T, NT, W, V)                                                        \
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *res_h,           \
            const T *nw, T *res_out, float eps, const T *cos, const T *sin, T *kc, T *vc,      \
            long cache_head_stride, const uint32_t *len, int heads, int kv_heads, int d) {      \
-    gemv_tc<T, NT, W, false, V, NORM, true>(                                                   \
+    gemv_tc<T, NT, W, false, V, true, true>(                                                   \
         x, w, y, rows, in, out, res_h, nw, res_out, eps,                                       \
         RopeArgs{cos, sin, kc, vc, cache_head_stride, len, heads, kv_heads, d});               \
   }
-#define GEMV_TC_WN(T, NAME, NT, V, W)                                                          \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, false)                    \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, false)                \
-  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, true)                \
-  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, true)            \
-  GEMV_TC_ROPE(gemv_tc_rope_##NAME##_n##NT##_w##W##_v##V, T, NT, W, V, false)                  \
-  GEMV_TC_ROPE(gemv_tc_rope_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, V, true)
+// With the norm prologue at most 16 warps: at 32 (64 registers a thread) its loads spill.
 #define GEMV_TC_W(T, NAME, NT, V)                                                              \
-  GEMV_TC_WN(T, NAME, NT, V, 8) GEMV_TC_WN(T, NAME, NT, V, 16) GEMV_TC_WN(T, NAME, NT, V, 32)
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V, false)                        \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V, false)                      \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32_v##V, T, NT, 32, false, V, false)                      \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V, false)                    \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, false)                  \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32_v##V, T, NT, 32, true, V, false)                  \
+  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V, true)                    \
+  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V, true)                  \
+  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V, true)                \
+  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, true)              \
+  GEMV_TC_ROPE(gemv_tc_rope_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, V)                        \
+  GEMV_TC_ROPE(gemv_tc_rope_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, V)
 #define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)

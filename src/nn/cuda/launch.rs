@@ -75,24 +75,6 @@ impl Launch {
         self
     }
 
-    /// Lets the kernel take `bytes` of dynamic shared memory (past the default 48 KB the
-    /// driver needs the function's opt-in).
-    pub(super) fn dynamic_smem(&mut self, bytes: usize) -> candle_core::Result<&mut Self> {
-        if bytes > 48 * 1024 {
-            // SAFETY: a valid function of a loaded module; the attribute takes an int.
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    self.func.cu_function(),
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes as i32,
-                )
-            }
-            .result()
-            .w()?;
-        }
-        Ok(self)
-    }
-
     /// Enqueues the kernel.
     ///
     /// # Safety

@@ -99,5 +99,5 @@ pub use attention::{
 };
 pub use dense::{
     add_rmsnorm_applies, gemv_applies, norm_gemv_applies, rope_gemv_enabled, silu_gate_applies,
-    tensor_core_gemv_applies, AddRmsNorm, ArgmaxRows, Gemv, GemvNorm, GemvRope, SiluMul,
+    AddRmsNorm, ArgmaxRows, Gemv, GemvNorm, GemvRope, SiluMul,
 };
