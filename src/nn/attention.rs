@@ -190,43 +190,17 @@ impl Attention {
         v_buf: &Tensor,
         len: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
+        let (sum, (q, k, v)) = self.project_pre(input)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(capacity)?;
-        // Llama-like layers (no q/k norms, no bias): RoPE and the K/V store ride in the q/k/v
-        // product's epilogue; others take the product, then `RopeStore`.
-        let fused = match (&self.qk_norm, self.qkv.bias()) {
-            (None, None) => input.fused_qkv_rope(
-                self.qkv.weight(),
-                super::cuda::GemvRope {
-                    cos: cos.clone(),
-                    sin: sin.clone(),
-                    k_cache: k_buf.clone(),
-                    v_cache: v_buf.clone(),
-                    len: len.clone(),
-                    heads: self.shape.num_heads,
-                    kv_heads: self.shape.num_kv_heads,
-                    head_dim: self.shape.head_dim,
-                },
-            )?,
-            _ => None,
+        let op = super::cuda::RopeStore {
+            cos,
+            sin,
+            k_cache: k_buf.clone(),
+            v_cache: v_buf.clone(),
+            len: len.clone(),
         };
-        let (sum, q) = match fused {
-            Some((sum, q)) => {
-                profile::mark("qkv projection, rope, cache write", &q)?;
-                (sum, q)
-            }
-            None => {
-                let (sum, (q, k, v)) = self.project_pre(input)?;
-                let op = super::cuda::RopeStore {
-                    cos,
-                    sin,
-                    k_cache: k_buf.clone(),
-                    v_cache: v_buf.clone(),
-                    len: len.clone(),
-                };
-                (sum, q.apply_op3_no_bwd(&k, &v, &op)?) // [1, heads, t, d]
-            }
-        };
+        let q = q.apply_op3_no_bwd(&k, &v, &op)?; // [1, heads, t, d]
         let op = super::cuda::SplitAttention {
             window: None,
             softcap: self.softcap,

@@ -129,7 +129,6 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
             &super::cuda::Gemv {
                 silu_gate: false,
                 norm: None,
-                rope: None,
             },
         )?));
     }
@@ -149,7 +148,6 @@ pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
             &super::cuda::Gemv {
                 silu_gate: true,
                 norm: None,
-                rope: None,
             },
         )?));
     }
@@ -188,7 +186,6 @@ pub fn norm_gemv(
                 weight: weight.contiguous()?,
                 eps,
             }),
-            rope: None,
         };
         // 1-D: the product, then (with `h`) the residual sum.
         let flat = x.apply_op2_no_bwd(w, &op)?;
@@ -203,55 +200,6 @@ pub fn norm_gemv(
     }
     let _ = (x, h, weight, eps, w, silu_gate);
     Ok(None)
-}
-
-/// [`norm_gemv`] of an attention's fused q/k/v weight `w: [(heads + 2 kv) d, in]` in a
-/// replayed CUDA step, with RoPE and the K/V store of `rope` in the product's epilogue (the
-/// arithmetic of `RopeStore` on the same rounded products): `(x + h, q)` with `q: [1, heads,
-/// rows, d]` rotated, the keys and values written into `rope`'s cache buffers. `None` where
-/// the kernel does not apply.
-#[cfg(feature = "cuda")]
-pub(crate) fn norm_qkv_rope(
-    x: &Tensor,
-    h: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    w: &Tensor,
-    rope: super::cuda::GemvRope,
-) -> Result<Option<(Tensor, Tensor)>> {
-    let x = x.contiguous()?;
-    let h = h.map(Tensor::contiguous).transpose()?;
-    let (heads, d) = (rope.heads, rope.head_dim);
-    if !x.device().is_cuda()
-        || !super::cuda::rope_gemv_enabled()
-        || !super::cuda::norm_gemv_applies(&x, h.as_ref(), w, false)
-        || d % 16 != 0
-        || w.dim(0)? != (heads + 2 * rope.kv_heads) * d
-    {
-        return Ok(None);
-    }
-    let (rows, inp) = x.dims2()?;
-    let op = super::cuda::Gemv {
-        silu_gate: false,
-        norm: Some(super::cuda::GemvNorm {
-            h: h.clone(),
-            weight: weight.contiguous()?,
-            eps,
-        }),
-        rope: Some(rope),
-    };
-    // 1-D: q [heads, rows, d], then (with `h`) the residual sum.
-    let flat = x.apply_op2_no_bwd(w, &op)?;
-    let q = flat
-        .narrow(0, 0, heads * rows * d)?
-        .reshape((1, heads, rows, d))?;
-    let sum = match h {
-        Some(_) => flat
-            .narrow(0, heads * rows * d, rows * inp)?
-            .reshape((rows, inp))?,
-        None => x,
-    };
-    Ok(Some((sum, q)))
 }
 
 /// `silu(gate) * up` of a fused `[t, 2 * inter]` gate/up product in one pass on CUDA; `None`

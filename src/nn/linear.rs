@@ -97,23 +97,6 @@ impl PreNorm<'_> {
         Ok((sum, normed))
     }
 
-    /// [`super::fused::norm_qkv_rope`] of this input.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn fused_qkv_rope(
-        &self,
-        w: &Tensor,
-        rope: super::cuda::GemvRope,
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        super::fused::norm_qkv_rope(
-            &self.x,
-            self.h.as_ref(),
-            &self.norm.weight,
-            self.norm.eps,
-            w,
-            rope,
-        )
-    }
-
     /// `(x + h, norm(x + h) wᵀ)` (with `silu_gate`, the gated activation of the product) in
     /// one kernel, or `None` where none applies.
     pub(crate) fn fused(&self, w: &Tensor, silu_gate: bool) -> Result<Option<(Tensor, Tensor)>> {

@@ -27,14 +27,12 @@ fn gemv_outs(rows: usize) -> usize {
 /// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
 /// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
 /// gated MLP's SiLU in its own kernel; `SPECDEC_NORM_GEMV=0` keeps residual add + RMSNorm in
-/// their own kernel before the product; `SPECDEC_ROPE_GEMV=0` keeps a replayed step's RoPE
-/// and K/V store in their own kernel after the q/k/v product.
+/// their own kernel before the product.
 struct Knobs {
     tensor_cores: bool,
     v: Option<usize>,
     silu_gate: bool,
     norm_gemv: bool,
-    rope_gemv: bool,
 }
 
 fn knobs() -> &'static Knobs {
@@ -49,7 +47,6 @@ fn knobs() -> &'static Knobs {
                 .filter(|v| matches!(v, 1 | 2)),
             silu_gate: on("SPECDEC_SILU_GATE"),
             norm_gemv: on("SPECDEC_NORM_GEMV"),
-            rope_gemv: on("SPECDEC_ROPE_GEMV"),
         }
     })
 }
@@ -72,57 +69,9 @@ fn tensor_core_gemv() -> bool {
 /// in the arithmetic of [`AddRmsNorm`] (bitwise: the kernels share it), computed as the rows
 /// load; the output is then 1-D: the `[rows, out]` product, followed, when `h` is set, by
 /// the `[rows, in]` sum `x + h` (tensor-core path only: [`norm_gemv_applies`]).
-///
-/// With `rope` (and `norm`, without `silu_gate`), `w` is an attention's fused `[(heads + 2
-/// kv_heads) d, in]` q/k/v weight and the product's epilogue does [`super::RopeStore`]'s work
-/// in its arithmetic: the 1-D output starts with the rotated `q: [heads, rows, d]` (then the
-/// residual sum), and the rotated keys and the values go into the cache buffers.
 pub struct Gemv {
     pub silu_gate: bool,
     pub norm: Option<GemvNorm>,
-    pub rope: Option<GemvRope>,
-}
-
-/// RoPE and the K/V store of a replayed step's q/k/v product: the tensors of
-/// [`super::RopeStore`] and the head geometry.
-pub struct GemvRope {
-    /// `[P, d / 2]` cosines and sines (P covers every position of the cache).
-    pub cos: Tensor,
-    pub sin: Tensor,
-    /// `[1, kv_heads, capacity, d]` buffers, written at slots `len - rows ..= len - 1`.
-    pub k_cache: Tensor,
-    pub v_cache: Tensor,
-    /// `[1]` u32: the cache length after the step.
-    pub len: Tensor,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl GemvRope {
-    /// Checks the geometry against the product `[out, in]`; the cache stride per head.
-    fn check(&self, out: usize) -> candle_core::Result<usize> {
-        let (h, kv, d) = (self.heads, self.kv_heads, self.head_dim);
-        let cache = self.k_cache.dims();
-        let fits = out == (h + 2 * kv) * d
-            && d % 16 == 0
-            && cache.len() == 4
-            && cache[1] == kv
-            && cache[3] == d
-            && self.v_cache.dims() == cache
-            && self.k_cache.is_contiguous()
-            && self.v_cache.is_contiguous()
-            && self.cos.dims().get(1) == Some(&(d / 2))
-            && self.cos.is_contiguous()
-            && self.sin.is_contiguous();
-        if !fits {
-            candle_core::bail!(
-                "gemv: RoPE of {h} + {kv} heads of {d} over a product of {out} rows, caches {cache:?}, tables {:?}",
-                self.cos.dims()
-            );
-        }
-        Ok(cache[2] * d)
-    }
 }
 
 /// The pre-norm a [`Gemv`] applies to its rows: the residual add of `h: [rows, in]` (none:
@@ -158,18 +107,6 @@ impl Gemv {
         if self.norm.is_some() && !tensor_cores {
             candle_core::bail!("gemv: the pre-normed product needs the tensor-core path");
         }
-        let rope_stride = match &self.rope {
-            Some(_) if self.silu_gate || self.norm.is_none() => {
-                candle_core::bail!("gemv: RoPE rides on the pre-normed q/k/v product only")
-            }
-            Some(r) => Some(r.check(out)?),
-            None => None,
-        };
-        // The product's part of the output: all of it, or with RoPE the rotated q.
-        let y_len = match &self.rope {
-            Some(r) => rows * r.heads * r.head_dim,
-            None => rows * out,
-        };
         if let Some(n) = &self.norm {
             let (h_ok, w_ok) = (
                 n.h.as_ref()
@@ -187,7 +124,7 @@ impl Gemv {
         let residual = matches!(&norm, Some((Some(_), _, _)));
         // SAFETY: the product is written in full by either kernel; the residual sum (after
         // it) by block 0 of the normed kernel.
-        let y = unsafe { dev.alloc::<T>(y_len + if residual { rows * inp } else { 0 })? };
+        let y = unsafe { dev.alloc::<T>(rows * out + if residual { rows * inp } else { 0 })? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         if tensor_cores {
             let nt = rows.div_ceil(8);
@@ -200,12 +137,11 @@ impl Gemv {
                 0..600 => 16,
                 _ => 8,
             };
-            let gate = match (self.silu_gate, norm.is_some(), self.rope.is_some()) {
-                (_, _, true) => "rope_norm_",
-                (false, false, _) => "",
-                (true, false, _) => "silu_",
-                (false, true, _) => "norm_",
-                (true, true, _) => "silu_norm_",
+            let gate = match (self.silu_gate, norm.is_some()) {
+                (false, false) => "",
+                (true, false) => "silu_",
+                (false, true) => "norm_",
+                (true, true) => "silu_norm_",
             };
             // The chunk width depends on `in` only, never on the row count: every row count
             // sums in the same order.
@@ -218,7 +154,7 @@ impl Gemv {
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
             let (mut h_view, mut nw_view) = (None, None);
-            let residual_out = residual.then(|| y.slice(y_len..));
+            let residual_out = residual.then(|| y.slice(rows * out..));
             let mut eps = 0f32;
             if let Some((h, nw, e)) = &norm {
                 if let Some(h) = h {
@@ -240,38 +176,6 @@ impl Gemv {
                 None => l.null(),
             };
             l.val(eps);
-            let rope_guards = self.rope.as_ref().map(|r| {
-                [
-                    r.cos.storage_and_layout(),
-                    r.sin.storage_and_layout(),
-                    r.k_cache.storage_and_layout(),
-                    r.v_cache.storage_and_layout(),
-                ]
-            });
-            let len_guard = self.rope.as_ref().map(|r| r.len.storage_and_layout());
-            let rope_views = match (&rope_guards, &len_guard) {
-                (Some(g), Some(lg)) => Some((
-                    super::view::<T>(&g[0], "gemv: cos")?,
-                    super::view::<T>(&g[1], "gemv: sin")?,
-                    super::view::<T>(&g[2], "gemv: k cache")?,
-                    super::view::<T>(&g[3], "gemv: v cache")?,
-                    super::view::<u32>(lg, "gemv: len")?,
-                )),
-                _ => None,
-            };
-            if let (Some((cos, sin, kc, vc, len)), Some(r), Some(stride)) =
-                (&rope_views, &self.rope, rope_stride)
-            {
-                l.ptr(cos)
-                    .ptr(sin)
-                    .ptr(kc)
-                    .ptr(vc)
-                    .val(stride as i64)
-                    .ptr(len);
-                l.val(r.heads as i32)
-                    .val(r.kv_heads as i32)
-                    .val(r.head_dim as i32);
-            }
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -281,7 +185,7 @@ impl Gemv {
             // outputs past the ends are clamped on load and never written.
             unsafe { l.run(cfg) }?;
             let shape = if norm.is_some() {
-                Shape::from(y_len + if residual { rows * inp } else { 0 })
+                Shape::from(rows * out + if residual { rows * inp } else { 0 })
             } else {
                 Shape::from((rows, out))
             };
@@ -400,12 +304,6 @@ pub fn norm_gemv_applies(x: &Tensor, h: Option<&Tensor>, w: &Tensor, silu_gate: 
             && tensor_core_gemv()
     };
     product && knobs().norm_gemv && add_rmsnorm_applies(x, h.unwrap_or(x))
-}
-
-/// True when the q/k/v product of a replayed step may carry RoPE and the K/V store
-/// ([`Gemv`]'s `rope`; `SPECDEC_ROPE_GEMV=0` turns it off).
-pub fn rope_gemv_enabled() -> bool {
-    knobs().rope_gemv
 }
 
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as

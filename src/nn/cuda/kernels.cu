@@ -876,35 +876,16 @@ constexpr int GEMV_TC_UNROLL = 4;
 // rounded as it loads. Block 0 also writes the sum x + res_h to res_out (when res_h is set),
 // the residual stream of the layers after. Everything else is as without NORM, so the
 // products are bitwise those of `add_rmsnorm` then the plain GEMV.
-// ROPE (an attention's fused q/k/v product in a replayed step, `w` = [(heads + 2 kv) d, in]):
-// instead of y, the epilogue writes what `rope_store` makes of the product — q rotated to
-// y = q_out [heads, rows, d], k rotated and v plain into the caches at slot len - rows + r
-// (len = *rp.len) — from the same rounded products in the same arithmetic. Blocks of the
-// q/k rows pair 8 elements e0.. of a head with their rotation partners e0 + d / 2.. as the
-// mma's A rows 0-7 and 8-15 (as GATED pairs gate and up rows), so one thread holds both.
-struct RopeArgs {
-  const void *cos, *sin;  // [P, d / 2]
-  void *kc, *vc;          // [kv_heads, capacity, d]
-  long cache_head_stride;
-  const uint32_t *len;
-  int heads, kv_heads, d;
-};
-template <typename T, int NT, int WARPS, bool GATED, int V, bool NORM, bool ROPE>
+template <typename T, int NT, int WARPS, bool GATED, int V, bool NORM>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out, const T *__restrict__ res_h,
-                        const T *__restrict__ nw, T *__restrict__ res_out, float eps,
-                        const RopeArgs &rp) {
+                        const T *__restrict__ nw, T *__restrict__ res_out, float eps) {
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int o0 = blockIdx.x * (GATED ? 8 : 16);
-  // ROPE: blocks below `rot_blocks` take 8 elements of a q or k head and their partners.
-  const int rot_blocks = ROPE ? (rp.heads + rp.kv_heads) * (rp.d / 16) : 0;
-  const bool rot = ROPE && (int)blockIdx.x < rot_blocks;
-  const int rot_head = rot ? blockIdx.x / (rp.d / 16) : 0;
-  const int rot_e0 = rot ? blockIdx.x % (rp.d / 16) * 8 : 0;
-  const long row_a = rot ? rot_head * rp.d + rot_e0 + grp : min(o0 + grp, out - 1);
-  const long row_b = rot ? row_a + rp.d / 2 : GATED ? out + row_a : min(o0 + grp + 8, out - 1);
+  const long row_a = min(o0 + grp, out - 1);
+  const long row_b = GATED ? out + row_a : min(o0 + grp + 8, out - 1);
   const T *wa = w + row_a * in + 8 * V * tig;
   const T *wb = w + row_b * in + 8 * V * tig;
   // This warp's chunks (of CH inputs): first, first + step, ... below end.
@@ -1030,30 +1011,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     for (int wi = 0; wi < WARPS; ++wi) s += red[wi][n][l][e];
     return s;
   };
-  if (ROPE) {
-    // Thread i < 128 (q/k blocks) takes element e0 + i / 16 and its partner of row i % 16;
-    // thread i < 256 (v blocks) output o0 + i / 16 of row i % 16.
-    const int o = threadIdx.x / 16, r = threadIdx.x % 16, half = rp.d / 2;
-    const long pos = (long)*rp.len - rows + r;
-    if (r / 8 < NT && r < rows) {
-      if (rot && threadIdx.x < 128) {
-        const int e = rot_e0 + o;
-        const float x1 = to_f32(from_f32<T>(sum(o, r))), x2 = to_f32(from_f32<T>(sum(o + 8, r)));
-        const float c = to_f32(static_cast<const T *>(rp.cos)[pos * half + e]);
-        const float sn = to_f32(static_cast<const T *>(rp.sin)[pos * half + e]);
-        T *dst = rot_head < rp.heads
-                     ? y + ((long)rot_head * rows + r) * rp.d
-                     : static_cast<T *>(rp.kc) + (rot_head - rp.heads) * rp.cache_head_stride +
-                           pos * rp.d;
-        dst[e] = from_f32<T>(x1 * c - x2 * sn);
-        dst[e + half] = from_f32<T>(x1 * sn + x2 * c);
-      } else if (!rot && threadIdx.x < 256) {
-        const int rv = o0 + o - (rp.heads + rp.kv_heads) * rp.d;  // row of the v part
-        static_cast<T *>(rp.vc)[rv / rp.d * rp.cache_head_stride + pos * rp.d + rv % rp.d] =
-            from_f32<T>(sum(o, r));
-      }
-    }
-  } else if (GATED) {
+  if (GATED) {
     // Thread i < 128 takes output o0 + i / 16 of row i % 16.
     const int o = threadIdx.x / 16, r = threadIdx.x % 16;
     if (threadIdx.x < 128 && r / 8 < NT && r < rows && o0 + o < out) {
@@ -1072,19 +1030,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *res_h,           \
            const T *nw, T *res_out, float eps) {                                               \
-    gemv_tc<T, NT, W, GATED, V, NORM, false>(x, w, y, rows, in, out, res_h, nw, res_out, eps,  \
-                                             RopeArgs{});                                      \
-  }
-// The q/k/v product of a replayed step with its pre-norm and RoPE + cache store (`rope` in
-// the name).
-#define GEMV_TC_ROPE(NAME, T, NT, W, V)                                                        \
-  extern "C" __global__ void __launch_bounds__(W * 32)                                         \
-      NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *res_h,           \
-           const T *nw, T *res_out, float eps, const T *cos, const T *sin, T *kc, T *vc,      \
-           long cache_head_stride, const uint32_t *len, int heads, int kv_heads, int d) {      \
-    gemv_tc<T, NT, W, false, V, true, true>(                                                   \
-        x, w, y, rows, in, out, res_h, nw, res_out, eps,                                       \
-        RopeArgs{cos, sin, kc, vc, cache_head_stride, len, heads, kv_heads, d});               \
+    gemv_tc<T, NT, W, GATED, V, NORM>(x, w, y, rows, in, out, res_h, nw, res_out, eps);        \
   }
 // With the norm prologue at most 16 warps: at 32 (64 registers a thread) its loads spill.
 #define GEMV_TC_W(T, NAME, NT, V)                                                              \
@@ -1097,9 +1043,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V, true)                    \
   GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V, true)                  \
   GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V, true)                \
-  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, true)              \
-  GEMV_TC_ROPE(gemv_tc_rope_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, V)                        \
-  GEMV_TC_ROPE(gemv_tc_rope_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, V)
+  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, true)
 #define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)

@@ -98,6 +98,6 @@ pub use attention::{
     SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, gemv_applies, norm_gemv_applies, rope_gemv_enabled, silu_gate_applies,
-    AddRmsNorm, ArgmaxRows, Gemv, GemvNorm, GemvRope, SiluMul,
+    add_rmsnorm_applies, gemv_applies, norm_gemv_applies, silu_gate_applies, AddRmsNorm,
+    ArgmaxRows, Gemv, GemvNorm, SiluMul,
 };
