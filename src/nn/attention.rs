@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use super::{fused, profile, Linear, PreNorm, RmsNorm, Rope};
+use super::{fused, profile, Linear, RmsNorm, Rope};
 use crate::cache::{Attend, LayerCache};
 use crate::error::{Error, Result};
 
@@ -95,33 +95,8 @@ impl Attention {
     /// `x: [t, hidden]` at positions `[offset, offset + t)`; appends this layer's K/V to
     /// `cache` and returns `[t, hidden]`.
     pub fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
+        let t = x.dim(0)?;
         let (q, k, v) = self.project(x)?;
-        self.attend_projected(q, k, v, offset, cache)
-    }
-
-    /// [`Self::forward`] of a block's input before its pre-norm: `(x + h, attention(norm(x +
-    /// h)))`, the add and the norm folded into the qkv product where the device can.
-    pub fn forward_pre(
-        &self,
-        input: &PreNorm,
-        offset: usize,
-        cache: &mut LayerCache,
-    ) -> Result<(Tensor, Tensor)> {
-        let (sum, (q, k, v)) = self.project_pre(input)?;
-        Ok((sum, self.attend_projected(q, k, v, offset, cache)?))
-    }
-
-    /// The rest of [`Self::forward`] after the projection, for `q: [t, heads, d]`, `k`, `v:
-    /// [t, kv_heads, d]`.
-    fn attend_projected(
-        &self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        offset: usize,
-        cache: &mut LayerCache,
-    ) -> Result<Tensor> {
-        let t = q.dim(0)?;
         // [t, heads, d] -> [1, heads, t, d]
         let heads_first =
             |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
@@ -147,27 +122,14 @@ impl Attention {
     /// `x: [t, hidden]` -> `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (views of one
     /// fused product; q/k norms applied when the model has them).
     fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let qkv = self.qkv.forward(x)?;
-        profile::mark("qkv projection", &qkv)?;
-        self.split_heads(qkv)
-    }
-
-    /// [`Self::project`] of a pre-norm input, with the residual sum: `(x + h, (q, k, v))`.
-    fn project_pre(&self, input: &PreNorm) -> Result<(Tensor, (Tensor, Tensor, Tensor))> {
-        let (sum, qkv) = self.qkv.forward_pre(input)?;
-        profile::mark("qkv projection", &qkv)?;
-        Ok((sum, self.split_heads(qkv)?))
-    }
-
-    /// The fused product `qkv: [t, (heads + 2 kv_heads) d]` as `q: [t, heads, d]`, `k`, `v:
-    /// [t, kv_heads, d]` views (q/k norms applied when the model has them).
-    fn split_heads(&self, qkv: Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let HeadShape {
             num_heads: h,
             num_kv_heads: kv,
             head_dim: d,
         } = self.shape;
-        let t = qkv.dim(0)?;
+        let t = x.dim(0)?;
+        let qkv = self.qkv.forward(x)?;
+        profile::mark("qkv projection", &qkv)?;
         let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
         let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
         let v = qkv.narrow(1, (h + kv) * d, kv * d)?.reshape((t, kv, d))?;
@@ -185,12 +147,12 @@ impl Attention {
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
-        input: &PreNorm,
+        x: &Tensor,
         k_buf: &Tensor,
         v_buf: &Tensor,
         len: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let (sum, (q, k, v)) = self.project_pre(input)?;
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.project(x)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(capacity)?;
         let op = super::cuda::RopeStore {
@@ -207,7 +169,7 @@ impl Attention {
             len: Some((len.clone(), capacity)),
         };
         let out = q.apply_op3_no_bwd(k_buf, v_buf, &op)?; // [t, heads * d]
-        Ok((sum, self.o.forward(&out)?))
+        self.o.forward(&out)
     }
 
     /// Attention of `q: [1, h, t, d]` over what the cache returned, as `[t, h * d]`.

@@ -124,13 +124,10 @@ pub fn causal_softmax_in_place(
 pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::gemv_applies(x, w) {
-        return Ok(Some(x.contiguous()?.apply_op2_no_bwd(
-            w,
-            &super::cuda::Gemv {
-                silu_gate: false,
-                norm: None,
-            },
-        )?));
+        return Ok(Some(
+            x.contiguous()?
+                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: false })?,
+        ));
     }
     let _ = (x, w);
     Ok(None)
@@ -143,62 +140,12 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::silu_gate_applies(x, w) {
-        return Ok(Some(x.contiguous()?.apply_op2_no_bwd(
-            w,
-            &super::cuda::Gemv {
-                silu_gate: true,
-                norm: None,
-            },
-        )?));
+        return Ok(Some(
+            x.contiguous()?
+                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: true })?,
+        ));
     }
     let _ = (x, w);
-    Ok(None)
-}
-
-/// A block's first product with its pre-norm folded in: for the residual stream `x: [rows,
-/// in]` and the sublayer output `h` not yet added to it (none: `x` alone), `(s, y)` with `s =
-/// x + h` and `y = rmsnorm(s) * weight` times `wᵀ` ([`gemv`]; with `silu_gate` the gated
-/// activation of [`silu_gate_gemv`]), in one CUDA kernel (bf16 / f16) whose rows are bitwise
-/// those of [`add_rmsnorm`] (no separate norm kernel, no normalised rows in memory). `None`
-/// off CUDA or for shapes it does not take.
-pub fn norm_gemv(
-    x: &Tensor,
-    h: Option<&Tensor>,
-    weight: &Tensor,
-    eps: f32,
-    w: &Tensor,
-    silu_gate: bool,
-) -> Result<Option<(Tensor, Tensor)>> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() {
-        // A copy made by `contiguous` starts aligned; a contiguous view must already be.
-        let x = x.contiguous()?;
-        let h = h.map(Tensor::contiguous).transpose()?;
-        if !super::cuda::norm_gemv_applies(&x, h.as_ref(), w, silu_gate) {
-            return Ok(None);
-        }
-        let (rows, inp) = x.dims2()?;
-        let out = if silu_gate { w.dim(0)? / 2 } else { w.dim(0)? };
-        let op = super::cuda::Gemv {
-            silu_gate,
-            norm: Some(super::cuda::GemvNorm {
-                h: h.clone(),
-                weight: weight.contiguous()?,
-                eps,
-            }),
-        };
-        // 1-D: the product, then (with `h`) the residual sum.
-        let flat = x.apply_op2_no_bwd(w, &op)?;
-        let y = flat.narrow(0, 0, rows * out)?.reshape((rows, out))?;
-        let sum = match h {
-            Some(_) => flat
-                .narrow(0, rows * out, rows * inp)?
-                .reshape((rows, inp))?,
-            None => x,
-        };
-        return Ok(Some((sum, y)));
-    }
-    let _ = (x, h, weight, eps, w, silu_gate);
     Ok(None)
 }
 

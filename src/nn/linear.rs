@@ -50,64 +50,9 @@ impl Linear {
         })
     }
 
-    /// `(x + h, norm(x + h) Wᵀ + b)` of a block's input before its pre-norm: one kernel
-    /// where the device has one ([`super::fused::norm_gemv`]), else the norm, then
-    /// [`Self::forward`].
-    pub fn forward_pre(&self, input: &PreNorm) -> Result<(Tensor, Tensor)> {
-        let (sum, y) = match input.fused(&self.weight, false)? {
-            Some(pair) => pair,
-            None => {
-                let (sum, normed) = input.apply()?;
-                return Ok((sum, self.forward(&normed)?));
-            }
-        };
-        Ok(match &self.bias {
-            Some(b) => (sum, y.broadcast_add(b)?),
-            None => (sum, y),
-        })
-    }
-
     /// Parameters held.
     pub fn param_count(&self) -> usize {
         self.weight.elem_count() + self.bias.as_ref().map_or(0, Tensor::elem_count)
-    }
-}
-
-/// A block's input before its pre-norm: the residual stream `x: [t, hidden]`, the previous
-/// sublayer's output `h` not yet added to it (none: the embeddings), and the norm. The first
-/// product that reads it ([`Linear::forward_pre`], the gated MLP's) folds the residual add
-/// and the norm into its own kernel where the device has one, else applies them first.
-pub struct PreNorm<'a> {
-    /// The residual stream.
-    pub x: Tensor,
-    /// The sublayer output to add to it first.
-    pub h: Option<Tensor>,
-    /// The norm of the sum.
-    pub norm: &'a RmsNorm,
-}
-
-impl PreNorm<'_> {
-    /// `(x + h, norm(x + h))` by the norm's own ops (an add + norm kernel where there is one).
-    pub fn apply(&self) -> Result<(Tensor, Tensor)> {
-        let (sum, normed) = match &self.h {
-            Some(h) => self.norm.add_forward(&self.x, h)?,
-            None => (self.x.clone(), self.norm.forward(&self.x)?),
-        };
-        super::profile::mark("norms, residual adds", &normed)?;
-        Ok((sum, normed))
-    }
-
-    /// `(x + h, norm(x + h) wᵀ)` (with `silu_gate`, the gated activation of the product) in
-    /// one kernel, or `None` where none applies.
-    pub(crate) fn fused(&self, w: &Tensor, silu_gate: bool) -> Result<Option<(Tensor, Tensor)>> {
-        super::fused::norm_gemv(
-            &self.x,
-            self.h.as_ref(),
-            &self.norm.weight,
-            self.norm.eps,
-            w,
-            silu_gate,
-        )
     }
 }
 

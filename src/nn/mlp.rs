@@ -1,7 +1,7 @@
 //! Gated feed-forward block: `down(act(gate(x)) * up(x))`.
 use candle_core::Tensor;
 
-use super::{profile, Linear, PreNorm};
+use super::{profile, Linear};
 use crate::error::{Error, Result};
 
 /// The gate activation.
@@ -64,22 +64,6 @@ impl GatedMlp {
             intermediate: rows / 2,
             act,
         })
-    }
-
-    /// `(x + h, mlp(norm(x + h)))` of a pre-norm input (`[t, hidden]` each): on CUDA the
-    /// residual add, the norm, the gate/up product and the SiLU in one kernel
-    /// ([`super::fused::norm_gemv`]); elsewhere the norm, then [`Self::forward`].
-    pub fn forward_pre(&self, input: &PreNorm) -> Result<(Tensor, Tensor)> {
-        if self.act == Activation::Silu && self.gate_up.bias().is_none() {
-            if let Some((sum, h)) = input.fused(self.gate_up.weight(), true)? {
-                profile::mark("gate/up projection", &h)?;
-                let out = self.down.forward(&h)?;
-                profile::mark("down projection", &out)?;
-                return Ok((sum, out));
-            }
-        }
-        let (sum, normed) = input.apply()?;
-        Ok((sum, self.forward(&normed)?))
     }
 
     /// `x: [t, hidden]` -> `[t, hidden]`.

@@ -23,7 +23,7 @@ pub use attention::{
     causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
 };
 pub use fused::{argmax_rows, graphs_enabled, open_cuda, set_cuda_graphs};
-pub use linear::{Linear, PreNorm, RmsNorm};
+pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use super::{
-    profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, PreNorm, RmsNorm,
-    Rope, RopeSpec, Weights,
+    profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm, Rope,
+    RopeSpec, Weights,
 };
 use crate::cache::{
     KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP,
@@ -107,35 +107,29 @@ type Residual = (Tensor, Tensor);
 
 impl Block {
     fn forward(&self, input: Input, offset: usize, cache: &mut LayerCache) -> Result<Residual> {
-        self.forward_with(input, |attn, pre| attn.forward_pre(pre, offset, cache))
+        self.forward_with(input, |attn, normed| attn.forward(normed, offset, cache))
     }
 
-    /// The block around an attention call `attend(attention, pre-norm input)` returning
-    /// `(residual sum, attention output)`, from the embeddings or from the previous block's
-    /// un-added output. Each sublayer's first product folds the residual add and the norm
-    /// before it in where the device can ([`PreNorm`]).
+    /// The block around an attention call `attend(attention, normed input)`, from the
+    /// embeddings or from the previous block's un-added output.
     fn forward_with(
         &self,
         input: Input,
-        attend: impl FnOnce(&Attention, &PreNorm) -> Result<(Tensor, Tensor)>,
+        attend: impl FnOnce(&Attention, &Tensor) -> Result<Tensor>,
     ) -> Result<Residual> {
-        let (x, h) = match input {
-            Input::Embedded(x) => (x, None),
-            Input::Residual((x, h)) => (x, Some(h)),
+        let (x, normed) = match input {
+            Input::Embedded(x) => {
+                let normed = self.attn_norm.forward(&x)?;
+                (x, normed)
+            }
+            Input::Residual((x, h)) => self.attn_norm.add_forward(&x, &h)?,
         };
-        let pre = PreNorm {
-            x,
-            h,
-            norm: &self.attn_norm,
-        };
-        let (x, h) = attend(&self.attn, &pre)?;
+        profile::mark("norms, residual adds", &normed)?;
+        let h = attend(&self.attn, &normed)?;
         let h = post_norm(&self.attn_post_norm, h)?;
-        let pre = PreNorm {
-            x,
-            h: Some(h),
-            norm: &self.mlp_norm,
-        };
-        let (x, h) = self.mlp.forward_pre(&pre)?;
+        let (x, normed) = self.mlp_norm.add_forward(&x, &h)?;
+        profile::mark("norms, residual adds", &normed)?;
+        let h = self.mlp.forward(&normed)?;
         let h = post_norm(&self.mlp_post_norm, h)?;
         Ok((x, h))
     }
@@ -488,19 +482,11 @@ impl Decoder {
                 x.clone()
             })
         };
-        let pre = match input {
-            Input::Embedded(x) => PreNorm {
-                x: rows(&x)?,
-                h: None,
-                norm: &self.norm,
-            },
-            Input::Residual((x, h)) => PreNorm {
-                x: rows(&x)?,
-                h: Some(rows(&h)?),
-                norm: &self.norm,
-            },
+        let normed = match input {
+            Input::Embedded(x) => self.norm.forward(&rows(&x)?)?,
+            Input::Residual((x, h)) => self.norm.add_forward(&rows(&x)?, &rows(&h)?)?.1,
         };
-        let mut logits = self.lm_head.forward_pre(&pre)?.1;
+        let mut logits = self.lm_head.forward(&normed)?;
         if let Some(cap) = self.final_softcap {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
@@ -546,9 +532,9 @@ impl Decoder {
             }
             let mut input = Input::Embedded(x);
             for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                input = Input::Residual(
-                    block.forward_with(input, |attn, pre| attn.forward_in_place(pre, k, v, len))?,
-                );
+                input = Input::Residual(block.forward_with(input, |attn, normed| {
+                    attn.forward_in_place(normed, k, v, len)
+                })?);
             }
             self.head(input, last && t > 1)
         })?;

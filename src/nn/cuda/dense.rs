@@ -26,13 +26,11 @@ fn gemv_outs(rows: usize) -> usize {
 /// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
 /// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
 /// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
-/// gated MLP's SiLU in its own kernel; `SPECDEC_NORM_GEMV=0` keeps residual add + RMSNorm in
-/// their own kernel before the product.
+/// gated MLP's SiLU in its own kernel.
 struct Knobs {
     tensor_cores: bool,
     v: Option<usize>,
     silu_gate: bool,
-    norm_gemv: bool,
 }
 
 fn knobs() -> &'static Knobs {
@@ -46,7 +44,6 @@ fn knobs() -> &'static Knobs {
                 .and_then(|v| v.parse().ok())
                 .filter(|v| matches!(v, 1 | 2)),
             silu_gate: on("SPECDEC_SILU_GATE"),
-            norm_gemv: on("SPECDEC_NORM_GEMV"),
         }
     })
 }
@@ -64,22 +61,8 @@ fn tensor_core_gemv() -> bool {
 /// `[rows, inter]` is `silu(x gᵀ) * (x uᵀ)`, in the arithmetic [`SiluMul`] applies to the
 /// plain product (products rounded to the dtype, the activation in f32; tensor-core path
 /// only: [`silu_gate_applies`]).
-///
-/// With `norm`, `x` is a residual stream and the product's rows are `rmsnorm(x + h) * weight`
-/// in the arithmetic of [`AddRmsNorm`] (bitwise: the kernels share it), computed as the rows
-/// load; the output is then 1-D: the `[rows, out]` product, followed, when `h` is set, by
-/// the `[rows, in]` sum `x + h` (tensor-core path only: [`norm_gemv_applies`]).
 pub struct Gemv {
     pub silu_gate: bool,
-    pub norm: Option<GemvNorm>,
-}
-
-/// The pre-norm a [`Gemv`] applies to its rows: the residual add of `h: [rows, in]` (none:
-/// `x` alone), then RMSNorm with `weight: [in]` and `eps`. Contiguous, 16-byte aligned.
-pub struct GemvNorm {
-    pub h: Option<Tensor>,
-    pub weight: Tensor,
-    pub eps: f32,
 }
 
 impl Gemv {
@@ -104,45 +87,20 @@ impl Gemv {
             candle_core::bail!("gemv: the SiLU-gated product needs the tensor-core path");
         }
         let out = if self.silu_gate { wd[0] / 2 } else { wd[0] };
-        if self.norm.is_some() && !tensor_cores {
-            candle_core::bail!("gemv: the pre-normed product needs the tensor-core path");
-        }
-        if let Some(n) = &self.norm {
-            let (h_ok, w_ok) = (
-                n.h.as_ref()
-                    .is_none_or(|h| h.dims() == xd && h.is_contiguous()),
-                n.weight.dims() == [inp] && n.weight.is_contiguous(),
-            );
-            if !h_ok || !w_ok {
-                candle_core::bail!("gemv: the norm's residual must be contiguous {xd:?} and its weight contiguous [{inp}]");
-            }
-        }
-        let norm = self.norm.as_ref().map(|n| {
-            let h = n.h.as_ref().map(|h| h.storage_and_layout());
-            (h, n.weight.storage_and_layout(), n.eps)
-        });
-        let residual = matches!(&norm, Some((Some(_), _, _)));
-        // SAFETY: the product is written in full by either kernel; the residual sum (after
-        // it) by block 0 of the normed kernel.
-        let y = unsafe { dev.alloc::<T>(rows * out + if residual { rows * inp } else { 0 })? };
+        // SAFETY: written in full by either kernel.
+        let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         if tensor_cores {
             let nt = rows.div_ceil(8);
             // 16 weight rows per block: 16 outputs, or 8 gated ones.
             let blocks = wd[0].div_ceil(16);
-            // Enough warps in flight where there are few outputs (few blocks); with the norm
-            // prologue at most 16 (kernels.cu has no 32-warp normed kernels: they spill).
+            // Enough warps in flight where there are few outputs (few blocks).
             let warps = match blocks {
-                0..200 if norm.is_none() => 32,
-                0..600 => 16,
+                0..200 => 32,
+                200..600 => 16,
                 _ => 8,
             };
-            let gate = match (self.silu_gate, norm.is_some()) {
-                (false, false) => "",
-                (true, false) => "silu_",
-                (false, true) => "norm_",
-                (true, true) => "silu_norm_",
-            };
+            let gate = if self.silu_gate { "silu_" } else { "" };
             // The chunk width depends on `in` only, never on the row count: every row count
             // sums in the same order.
             let v = match knobs().v {
@@ -153,29 +111,6 @@ impl Gemv {
             let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}_v{v}"))?;
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
-            let (mut h_view, mut nw_view) = (None, None);
-            let residual_out = residual.then(|| y.slice(rows * out..));
-            let mut eps = 0f32;
-            if let Some((h, nw, e)) = &norm {
-                if let Some(h) = h {
-                    h_view = Some(super::view::<T>(h, "gemv: the residual")?);
-                }
-                nw_view = Some(super::view::<T>(nw, "gemv: the norm weight")?);
-                eps = *e;
-            }
-            match &h_view {
-                Some(h) => l.ptr(h),
-                None => l.null(),
-            };
-            match &nw_view {
-                Some(nw) => l.ptr(nw),
-                None => l.null(),
-            };
-            match &residual_out {
-                Some(r) => l.ptr(r),
-                None => l.null(),
-            };
-            l.val(eps);
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -184,12 +119,7 @@ impl Gemv {
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written.
             unsafe { l.run(cfg) }?;
-            let shape = if norm.is_some() {
-                Shape::from(rows * out + if residual { rows * inp } else { 0 })
-            } else {
-                Shape::from((rows, out))
-            };
-            return Ok((y, shape));
+            return Ok((y, Shape::from((rows, out))));
         }
         let mut l = Launch::new(dev, &format!("gemv_{name}_r{rows}"))?;
         l.ptr(&x).ptr(&w).ptr(&y).val(inp as i32).val(out as i32);
@@ -285,25 +215,6 @@ pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.dims()[0] % 16 == 0
         && tensor_core_gemv()
         && knobs().silu_gate
-}
-
-/// True when [`Gemv`] with `norm` takes `x: [rows, in]` (and the residual `h`, if any, of
-/// its shape) times `w`: [`gemv_applies`] on the tensor-core path (bf16 / f16, `in` a
-/// multiple of 32), rows the norm kernels take (whole aligned 16-byte vectors, at most 32
-/// KB: [`add_rmsnorm_applies`]), and with `silu_gate` [`silu_gate_applies`].
-pub fn norm_gemv_applies(x: &Tensor, h: Option<&Tensor>, w: &Tensor, silu_gate: bool) -> bool {
-    let product = if silu_gate {
-        silu_gate_applies(x, w)
-    } else {
-        gemv_applies(x, w)
-            && matches!(
-                w.dtype(),
-                candle_core::DType::BF16 | candle_core::DType::F16
-            )
-            && w.dims()[1] % 32 == 0
-            && tensor_core_gemv()
-    };
-    product && knobs().norm_gemv && add_rmsnorm_applies(x, h.unwrap_or(x))
 }
 
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as

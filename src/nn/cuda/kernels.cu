@@ -176,25 +176,6 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const int j = tile + lane;
       const bool live = j >= lo && j < hi;
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
-      // Value rows in batches of VB (64 registers of raw rows a lane), each batch one round
-      // trip to memory; the first batch loads before the keys so that both are in flight
-      // together (rows past `hi` are not read; rows below `lo` are cache rows with
-      // probability 0).
-      constexpr int VB = E * (int)sizeof(T) <= 8 ? 32 : 16;
-      const int n = min(32, hi - tile);
-      Vec<T, E> vr[VB];
-      auto load_v = [&](int base) {
-#pragma unroll
-        for (int u = 0; u < VB; ++u) {
-          if (base + u < n) {
-            vr[u] = *reinterpret_cast<const Vec<T, E> *>(vb + (long)(tile + base + u) * D);
-          } else {
-#pragma unroll
-            for (int e = 0; e < E; ++e) vr[u].x[e] = from_f32<T>(0.f);
-          }
-        }
-      };
-      load_v(0);
       float sc[HB];
 #pragma unroll
       for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
@@ -231,15 +212,28 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         for (int e = 0; e < E; ++e) acc[h][e] *= corr;
         m[h] = m_new;
       }
+      // Value rows in batches of VB independent loads, each batch one round trip to memory
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
+      constexpr int VB = E <= 4 ? 16 : 8;
+      const int n = min(32, hi - tile);
       for (int base = 0; base < n; base += VB) {
-        if (base > 0) load_v(base);
+        float vv[VB][E];
+#pragma unroll
+        for (int u = 0; u < VB; ++u) {
+          if (base + u < n) {
+            load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) vv[u][e] = 0.f;
+          }
+        }
 #pragma unroll
         for (int u = 0; u < VB; ++u)
 #pragma unroll
           for (int h = 0; h < HB; ++h) {
             const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[h][e] += pj * to_f32(vr[u].x[e]);
+            for (int e = 0; e < E; ++e) acc[h][e] += pj * vv[u][e];
           }
       }
     }
@@ -831,55 +825,13 @@ GEMV_ROWS(__half, f16)
 // one thread holds both sums of an output.
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
-// Residual add + RMSNorm arithmetic, shared by `add_rmsnorm` and the GEMV's norm prologue
-// so that both give bitwise the same normalised rows. 16-byte vectors of T.
-// Threads per row (at most) and 16-byte vectors per thread: rows of up to 32 KB.
-constexpr int NORM_THREADS = 256;
-constexpr int NORM_VECS = 8;
-// s = x + y rounded to T, element by element; ss += s[e]^2 in element order.
-template <typename T> __device__ __forceinline__ uint4 add_vec(uint4 a, uint4 b, float &ss) {
-  constexpr int VEC = 16 / sizeof(T);
-  uint4 s;
-  const T *pa = reinterpret_cast<const T *>(&a), *pb = reinterpret_cast<const T *>(&b);
-  T *ps = reinterpret_cast<T *>(&s);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    ps[e] = from_f32<T>(to_f32(pa[e]) + to_f32(pb[e]));
-    const float f = to_f32(ps[e]);
-    ss += f * f;
-  }
-  return s;
-}
-// The normalised vector: s[e] * scale * w[e], rounded to T.
-template <typename T> __device__ __forceinline__ uint4 norm_vec(uint4 s, uint4 w, float scale) {
-  constexpr int VEC = 16 / sizeof(T);
-  uint4 o;
-  const T *ps = reinterpret_cast<const T *>(&s), *pw = reinterpret_cast<const T *>(&w);
-  T *po = reinterpret_cast<T *>(&o);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) po[e] = from_f32<T>(to_f32(ps[e]) * scale * to_f32(pw[e]));
-  return o;
-}
-// Threads of a row's norm: one per 16-byte vector up to NORM_THREADS, whole warps.
-__device__ __forceinline__ int norm_threads(int h, int vec) {
-  return min(NORM_THREADS, (h / vec + 31) / 32 * 32);
-}
-
 constexpr int GEMV_TC_UNROLL = 4;
 // V: 16-byte loads per lane and weight row per chunk (chunks of 32 V inputs; a row's four
 // lanes read 64 V contiguous bytes: V = 2 made an 8B-shaped decode step 7% faster on the
 // H200). (An L2 prefetch of each warp's first chunks before `pdl_begin` made it 2-7% slower.)
-// NORM (the product of a block's first layer reads its pre-norm): x is the residual stream
-// and the product's rows are rmsnorm(x + res_h) * nw (res_h null: x alone), computed as
-// `add_rmsnorm` computes them: the first norm_threads(in) threads of each block take every
-// row's sum of squares in that kernel's order, then each x chunk is added, normalised and
-// rounded as it loads. Block 0 also writes the sum x + res_h to res_out (when res_h is set),
-// the residual stream of the layers after. Everything else is as without NORM, so the
-// products are bitwise those of `add_rmsnorm` then the plain GEMV.
-template <typename T, int NT, int WARPS, bool GATED, int V, bool NORM>
+template <typename T, int NT, int WARPS, bool GATED, int V>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
-                        int rows, int in, int out, const T *__restrict__ res_h,
-                        const T *__restrict__ nw, T *__restrict__ res_out, float eps) {
+                        int rows, int in, int out) {
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
@@ -911,52 +863,13 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   // the kernel ahead (a norm, the attention) finishes.
   load_w(first);
   pdl_begin();
-  __shared__ float row_scale[NORM ? 16 : 1];
-  if (NORM) {
-    constexpr int VEC = 16 / sizeof(T);
-    __shared__ float red[32];
-    const int nvec = in / VEC, nt = norm_threads(in, VEC);
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    for (int r = 0; r < rows; ++r) {
-      float ss = 0.f;
-      if (threadIdx.x < nt) {
-        const uint4 *xv = reinterpret_cast<const uint4 *>(x + (long)r * in);
-        const uint4 *hv = reinterpret_cast<const uint4 *>(res_h + (long)r * in);
-        uint4 *sv = reinterpret_cast<uint4 *>(res_out + (long)r * in);
-        const bool write = res_h && res_out && blockIdx.x == 0;
-#pragma unroll
-        for (int k = 0; k < NORM_VECS; ++k) {
-          const int i = threadIdx.x + k * nt;
-          if (i < nvec) {
-            const uint4 s = add_vec<T>(xv[i], res_h ? hv[i] : zero4, ss);
-            if (write) sv[i] = s;
-          }
-        }
-      }
-      ss = warp_sum(ss);
-      if (threadIdx.x < nt && lane == 0) red[warp] = ss;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float tot = 0.f;
-        for (int i = 0; i < nt / 32; ++i) tot += red[i];
-        row_scale[r] = rsqrtf(tot / in + eps);
-      }
-      __syncthreads();
-    }
-  }
   const T *xr[NT];
-  const T *hr[NT];
-  float xs[NT];
   bool xlive[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     xlive[n] = n * 8 + grp < rows;
-    const int r = min(n * 8 + grp, rows - 1);
-    xr[n] = x + (long)r * in + 8 * V * tig;
-    hr[n] = NORM && res_h ? res_h + (long)r * in + 8 * V * tig : nullptr;
-    xs[n] = NORM ? row_scale[r] : 0.f;
+    xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * V * tig;
   }
-  const T *nwr = NORM ? nw + 8 * V * tig : nullptr;
   float c[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
@@ -971,15 +884,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #pragma unroll
       for (int j = 0; j < V; ++j)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
-          if (NORM) {
-            float unused = 0.f;
-            const uint4 hv = hr[n] ? reinterpret_cast<const uint4 *>(hr[n] + k)[j] : zero;
-            const uint4 s = add_vec<T>(b[n][u][j], hv, unused);
-            b[n][u][j] = norm_vec<T>(s, reinterpret_cast<const uint4 *>(nwr + k)[j], xs[n]);
-          }
-        }
+        for (int n = 0; n < NT; ++n) b[n][u][j] = reinterpret_cast<const uint4 *>(xr[n] + k)[j];
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -1026,24 +931,18 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   }
 }
 
-#define GEMV_TC1(NAME, T, NT, W, GATED, V, NORM)                                               \
+#define GEMV_TC1(NAME, T, NT, W, GATED, V)                                                     \
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
-      NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *res_h,           \
-           const T *nw, T *res_out, float eps) {                                               \
-    gemv_tc<T, NT, W, GATED, V, NORM>(x, w, y, rows, in, out, res_h, nw, res_out, eps);        \
+      NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
+    gemv_tc<T, NT, W, GATED, V>(x, w, y, rows, in, out);                                       \
   }
-// With the norm prologue at most 16 warps: at 32 (64 registers a thread) its loads spill.
 #define GEMV_TC_W(T, NAME, NT, V)                                                              \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V, false)                        \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V, false)                      \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32_v##V, T, NT, 32, false, V, false)                      \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V, false)                    \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, false)                  \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32_v##V, T, NT, 32, true, V, false)                  \
-  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V, true)                    \
-  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V, true)                  \
-  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V, true)                \
-  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V, true)
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V)                               \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V)                             \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32_v##V, T, NT, 32, false, V)                             \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V)                           \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V)                         \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32_v##V, T, NT, 32, true, V)
 #define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)
@@ -1077,6 +976,7 @@ SILU_MUL(silu_mul_f16, __half)
 // i + blockDim.x, ... (at most NORM_VECS of them) in registers; the norm's weights load
 // before `pdl_begin`. h is a multiple of the vector and rows start 16-byte aligned
 // (`AddRmsNorm` checks).
+constexpr int NORM_VECS = 8;
 template <typename T>
 __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
                             const T *__restrict__ w, T *__restrict__ out, int t, int h,
@@ -1100,7 +1000,15 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < nvec) {
-      sv[k] = add_vec<T>(xr[i], yr[i], ss);
+      const uint4 a = xr[i], b = yr[i];
+      const T *pa = reinterpret_cast<const T *>(&a), *pb = reinterpret_cast<const T *>(&b);
+      T *ps = reinterpret_cast<T *>(&sv[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        ps[e] = from_f32<T>(to_f32(pa[e]) + to_f32(pb[e]));
+        const float f = to_f32(ps[e]);
+        ss += f * f;
+      }
       sr[i] = sv[k];
     }
   }
@@ -1114,7 +1022,14 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
 #pragma unroll
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
-    if (i < nvec) nr[i] = norm_vec<T>(sv[k], wv[k], scale);
+    if (i < nvec) {
+      const T *ps = reinterpret_cast<const T *>(&sv[k]), *pw = reinterpret_cast<const T *>(&wv[k]);
+      uint4 o;
+      T *po = reinterpret_cast<T *>(&o);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) po[e] = from_f32<T>(to_f32(ps[e]) * scale * to_f32(pw[e]));
+      nr[i] = o;
+    }
   }
 }
 

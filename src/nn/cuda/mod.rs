@@ -98,6 +98,5 @@ pub use attention::{
     SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, gemv_applies, norm_gemv_applies, silu_gate_applies, AddRmsNorm,
-    ArgmaxRows, Gemv, GemvNorm, SiluMul,
+    add_rmsnorm_applies, gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul,
 };
