@@ -26,11 +26,13 @@ fn gemv_outs(rows: usize) -> usize {
 /// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
 /// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
 /// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
-/// gated MLP's SiLU in its own kernel.
+/// gated MLP's SiLU in its own kernel; `SPECDEC_GEMV_MAX_WARPS=8|16` caps the tensor-core
+/// kernel's warps per block (default 32, for products of few outputs).
 struct Knobs {
     tensor_cores: bool,
     v: Option<usize>,
     silu_gate: bool,
+    max_warps: usize,
 }
 
 fn knobs() -> &'static Knobs {
@@ -44,6 +46,11 @@ fn knobs() -> &'static Knobs {
                 .and_then(|v| v.parse().ok())
                 .filter(|v| matches!(v, 1 | 2)),
             silu_gate: on("SPECDEC_SILU_GATE"),
+            max_warps: std::env::var("SPECDEC_GEMV_MAX_WARPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|v| matches!(v, 8 | 16 | 32))
+                .unwrap_or(32),
         }
     })
 }
@@ -99,7 +106,8 @@ impl Gemv {
                 0..200 => 32,
                 200..600 => 16,
                 _ => 8,
-            };
+            }
+            .min(knobs().max_warps);
             let gate = if self.silu_gate { "silu_" } else { "" };
             // The chunk width depends on `in` only, never on the row count: every row count
             // sums in the same order.
