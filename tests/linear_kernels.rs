@@ -152,3 +152,201 @@ fn gated_mlp_rows_match_the_formula_and_each_row_alone() {
         }
     }
 }
+
+/// A residual stream `[16, n]` of rows whose sizes differ (scaled by 0.25–4 per row: the
+/// norm's row scale is what the folded products take out of their sums) and a norm weight
+/// around 1.
+fn stream_and_norm(dev: &Device, dtype: DType, n: usize) -> (Tensor, specdec::nn::RmsNorm) {
+    let scaled: Vec<f32> = values(16 * n, 21, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * 2f32.powi((i / n) as i32 % 5 - 2))
+        .collect();
+    let x = Tensor::from_vec(scaled, (16, n), dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let g: Vec<f32> = values(n, 22, 0.5).iter().map(|v| 1.0 + v).collect();
+    let g = Tensor::from_vec(g, n, dev)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    (x, specdec::nn::RmsNorm::new(g, 1e-5))
+}
+
+/// `norm(x)` of row `r` in f64 from the host values of `x: [rows, n]` and the norm weight.
+fn normed_row(xh: &[f32], gh: &[f32], r: usize, eps: f64) -> Vec<f64> {
+    let n = gh.len();
+    let row = &xh[r * n..(r + 1) * n];
+    let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+    let scale = 1.0 / (ms + eps).sqrt();
+    row.iter()
+        .zip(gh)
+        .map(|(&v, &g)| v as f64 * scale * g as f64)
+        .collect()
+}
+
+/// The products of a decode or verification step that fold in the pre-norm before them
+/// (`Linear::forward_prenorm`) and the residual add after them (`Linear::forward_add`) — one
+/// CUDA tensor-core GEMV each in half precision, a norm or add and the plain product
+/// elsewhere — against the formulas in f64, and, on CUDA, each row equal to the one-row
+/// product bitwise (the norm's row scale is summed in one order for any row count).
+#[test]
+fn folded_products_match_the_formulas_and_each_row_alone() {
+    let dev = device::device();
+    // Input widths that are multiples of 64 and of 32 only (the kernel's two chunk widths).
+    for (out, inp) in [(256, 256), (64, 1024), (96, 160)] {
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
+            let w = Tensor::from_vec(values(out * inp, 23, 1.0), (out, inp), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let lin = Linear::new(w.clone(), None);
+            let (x, norm) = stream_and_norm(&dev, dtype, inp);
+            let resid = Tensor::from_vec(values(16 * out, 24, 4.0), (16, out), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let (wh, xh, gh, rh) = (host(&w), host(&x), host(norm.weight()), host(&resid));
+            let one = |r: usize| {
+                let x = x.narrow(0, r, 1).unwrap();
+                let pre = host(&lin.forward_prenorm(&x, &norm).unwrap());
+                let add = host(
+                    &lin.forward_add(&x, &resid.narrow(0, r, 1).unwrap())
+                        .unwrap(),
+                );
+                (pre, add)
+            };
+            let singles: Vec<_> = (0..16).map(one).collect();
+            // On CUDA in half precision these shapes take the folded kernels (not the
+            // fallback through a norm and a plain product).
+            let folded = dev.is_cuda() && dtype != DType::F32;
+            let fold = specdec::nn::Folded::Norm(norm.weight(), norm.eps());
+            assert_eq!(
+                specdec::nn::folded_gemv(&x, &w, fold, false)
+                    .unwrap()
+                    .is_some(),
+                folded,
+                "{dtype:?} [{out}, {inp}]: folded kernel taken"
+            );
+            for rows in [1, 2, 5, 8, 9, 16] {
+                let xs = x.narrow(0, 0, rows).unwrap();
+                let pre = host(&lin.forward_prenorm(&xs, &norm).unwrap());
+                let add = host(
+                    &lin.forward_add(&xs, &resid.narrow(0, 0, rows).unwrap())
+                        .unwrap(),
+                );
+                for r in 0..rows {
+                    let normed = normed_row(&xh, &gh, r, 1e-5);
+                    let plain = &xh[r * inp..(r + 1) * inp];
+                    for o in 0..out {
+                        let wr = &wh[o * inp..(o + 1) * inp];
+                        let want_pre: f64 =
+                            wr.iter().zip(&normed).map(|(&w, n)| w as f64 * n).sum();
+                        let want_add = rh[r * out + o] as f64
+                            + wr.iter()
+                                .zip(plain)
+                                .map(|(&w, &x)| w as f64 * x as f64)
+                                .sum::<f64>();
+                        // Unit-size normed inputs; the added stream is up to 4 and the plain
+                        // rows up to 4 times larger.
+                        let bound = (tol * (inp as f32).sqrt()) as f64;
+                        let (got_pre, got_add) = (pre[r * out + o] as f64, add[r * out + o] as f64);
+                        assert!(
+                            (got_pre - want_pre).abs() <= bound,
+                            "{dtype:?} [{out}, {inp}] rows {rows}: normed row {r} output {o} is {got_pre}, expected {want_pre}"
+                        );
+                        assert!(
+                            (got_add - want_add).abs() <= 8.0 * bound,
+                            "{dtype:?} [{out}, {inp}] rows {rows}: added row {r} output {o} is {got_add}, expected {want_add}"
+                        );
+                    }
+                    if folded {
+                        let (p1, a1) = &singles[r];
+                        assert!(
+                            pre[r * out..(r + 1) * out] == p1[..] && add[r * out..(r + 1) * out] == a1[..],
+                            "{dtype:?} [{out}, {inp}]: row {r} of a {rows}-row folded product differs from its one-row product"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The gated MLP over the residual stream (`GatedMlp::forward_residual`: `x +
+/// down(silu(gate) * up)` of `norm(x)`; on CUDA the norm rides in the gate/up GEMV and the
+/// add in the down GEMV) against the formula in f64 and, on CUDA, each row equal to the
+/// one-row forward bitwise.
+#[test]
+fn folded_mlp_rows_match_the_formula_and_each_row_alone() {
+    use specdec::nn::{Activation, GatedMlp};
+    let dev = device::device();
+    let (hidden, inter) = (128, 96);
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2), (DType::F16, 6e-3)] {
+        let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
+            Tensor::from_vec(values(n, seed, 1.0), shape, &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let gate_up = tensor(2 * inter * hidden, 31, (2 * inter, hidden));
+        let down = tensor(hidden * inter, 32, (hidden, inter));
+        let (x, norm) = stream_and_norm(&dev, dtype, hidden);
+        let (guh, dh, xh, gh) = (host(&gate_up), host(&down), host(&x), host(norm.weight()));
+        let mlp = GatedMlp::new(
+            Linear::new(gate_up, None),
+            Linear::new(down, None),
+            Activation::Silu,
+        )
+        .unwrap();
+        let singles: Vec<Vec<f32>> = (0..16)
+            .map(|r| {
+                host(
+                    &mlp.forward_residual(&x.narrow(0, r, 1).unwrap(), &norm)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        for rows in [1, 3, 8, 16] {
+            let y = host(
+                &mlp.forward_residual(&x.narrow(0, 0, rows).unwrap(), &norm)
+                    .unwrap(),
+            );
+            for r in 0..rows {
+                let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
+                    v.iter()
+                        .enumerate()
+                        .map(|(i, x)| w[o * v.len() + i] as f64 * x)
+                        .sum()
+                };
+                let normed = normed_row(&xh, &gh, r, 1e-5);
+                let act: Vec<f64> = (0..inter)
+                    .map(|i| {
+                        let (g, u) = (dot(&guh, i, &normed), dot(&guh, inter + i, &normed));
+                        g / (1.0 + (-g).exp()) * u
+                    })
+                    .collect();
+                let mlp_out: Vec<f64> = (0..hidden).map(|o| dot(&dh, o, &act)).collect();
+                let scale = mlp_out.iter().fold(1f64, |m, w| m.max(w.abs()));
+                for (o, m) in mlp_out.iter().enumerate() {
+                    let want = xh[r * hidden + o] as f64 + m;
+                    let got = y[r * hidden + o] as f64;
+                    // Relative to the row's largest term: half precision rounds the normed
+                    // inputs, the gate/up products, the activation and the sum.
+                    let bound = tol * scale.max(want.abs());
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{dtype:?} rows {rows}: row {r} output {o} is {got}, expected {want}"
+                    );
+                }
+                if dev.is_cuda() && dtype != DType::F32 {
+                    assert!(
+                        y[r * hidden..(r + 1) * hidden] == singles[r][..],
+                        "{dtype:?}: folded MLP row {r} of {rows} rows differs from its one-row forward"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -54,6 +54,24 @@ pub struct AttentionParts {
     pub softcap: Option<f64>,
 }
 
+/// A layer's input as its attention takes it.
+#[derive(Clone, Copy)]
+pub(crate) enum AttnInput<'a> {
+    /// Rows already normalised: the output is the attention's alone.
+    Normed(&'a Tensor),
+    /// The residual stream `x` before `norm`: the q/k/v product applies the norm and the
+    /// output is `x + attention`, both folded into the products where the device can
+    /// ([`Linear::forward_prenorm`], [`Linear::forward_add`]).
+    Residual(&'a Tensor, &'a RmsNorm),
+}
+
+impl AttnInput<'_> {
+    fn rows(&self) -> Result<usize> {
+        let (AttnInput::Normed(x) | AttnInput::Residual(x, _)) = self;
+        Ok(x.dim(0)?)
+    }
+}
+
 impl Attention {
     /// Checks the head geometry.
     pub fn new(parts: AttentionParts) -> Result<Self> {
@@ -92,11 +110,16 @@ impl Attention {
         self.qkv.param_count() + self.o.param_count() + norms
     }
 
-    /// `x: [t, hidden]` at positions `[offset, offset + t)`; appends this layer's K/V to
-    /// `cache` and returns `[t, hidden]`.
-    pub fn forward(&self, x: &Tensor, offset: usize, cache: &mut LayerCache) -> Result<Tensor> {
-        let t = x.dim(0)?;
-        let (q, k, v) = self.project(x)?;
+    /// `input` (`[t, hidden]`) at positions `[offset, offset + t)`; appends this layer's K/V
+    /// to `cache` and returns `[t, hidden]`.
+    pub(crate) fn forward(
+        &self,
+        input: AttnInput,
+        offset: usize,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let t = input.rows()?;
+        let (q, k, v) = self.project(input)?;
         // [t, heads, d] -> [1, heads, t, d]
         let heads_first =
             |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
@@ -114,21 +137,33 @@ impl Attention {
         profile::mark("cache write", &attend.k)?;
         let out = self.attention(&q, &attend)?; // [t, heads * d]
         profile::mark("attention", &out)?;
-        let out = self.o.forward(&out)?;
+        self.output(&out, input)
+    }
+
+    /// The output projection of `out: [t, heads * d]`, added to the residual stream when the
+    /// input was one.
+    fn output(&self, out: &Tensor, input: AttnInput) -> Result<Tensor> {
+        let out = match input {
+            AttnInput::Normed(_) => self.o.forward(out)?,
+            AttnInput::Residual(x, _) => self.o.forward_add(out, x)?,
+        };
         profile::mark("output projection", &out)?;
         Ok(out)
     }
 
-    /// `x: [t, hidden]` -> `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (views of one
+    /// `input: [t, hidden]` -> `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (views of one
     /// fused product; q/k norms applied when the model has them).
-    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    fn project(&self, input: AttnInput) -> Result<(Tensor, Tensor, Tensor)> {
         let HeadShape {
             num_heads: h,
             num_kv_heads: kv,
             head_dim: d,
         } = self.shape;
-        let t = x.dim(0)?;
-        let qkv = self.qkv.forward(x)?;
+        let t = input.rows()?;
+        let qkv = match input {
+            AttnInput::Normed(x) => self.qkv.forward(x)?,
+            AttnInput::Residual(x, norm) => self.qkv.forward_prenorm(x, norm)?,
+        };
         profile::mark("qkv projection", &qkv)?;
         let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
         let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
@@ -147,12 +182,12 @@ impl Attention {
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
-        x: &Tensor,
+        input: AttnInput,
         k_buf: &Tensor,
         v_buf: &Tensor,
         len: &Tensor,
     ) -> Result<Tensor> {
-        let (q, k, v) = self.project(x)?;
+        let (q, k, v) = self.project(input)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(capacity)?;
         let op = super::cuda::RopeStore {
@@ -169,7 +204,7 @@ impl Attention {
             len: Some((len.clone(), capacity)),
         };
         let out = q.apply_op3_no_bwd(k_buf, v_buf, &op)?; // [t, heads * d]
-        self.o.forward(&out)
+        self.output(&out, input)
     }
 
     /// Attention of `q: [1, h, t, d]` over what the cache returned, as `[t, h * d]`.

@@ -133,6 +133,67 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(None)
 }
 
+/// Whether a step over the residual stream `x: [t, hidden]` folds its norms and residual
+/// adds into its products ([`folded_gemv`]): CUDA's tensor-core GEMV rows (bf16 / f16, at
+/// most 16 rows, `hidden` a multiple of 32), unless `SPECDEC_GEMV_FOLD=0`. A product the
+/// kernel does not take still gets the right result from [`folded_gemv`]'s callers.
+pub fn folds(x: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        super::cuda::folds(x)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = x;
+        false
+    }
+}
+
+/// What a decode or verification product takes in with it (see [`folded_gemv`]).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub enum Folded<'a> {
+    /// `x` is the residual stream before this RMSNorm (weight, epsilon): the product is
+    /// taken of `norm(x)`.
+    Norm(&'a Tensor, f32),
+    /// The residual stream `[rows, out]` the product is added to.
+    Resid(&'a Tensor),
+}
+
+/// `norm(x) wᵀ` ([`Folded::Norm`]) or `resid + x wᵀ` ([`Folded::Resid`]) for a few rows `x:
+/// [rows, in]` in one CUDA tensor-core GEMV (bf16 / f16), with `silu_gate` the gated MLP's
+/// fused gate/up product of [`silu_gate_gemv`] (norm only): no norm or add kernel runs
+/// between a step's products. The norm's row scale `rsqrt(mean(x²) + eps)` multiplies the
+/// sums instead of the inputs, so the result is the unfused path's up to one rounding (not
+/// bitwise), the same for a row at any row count. `None` off CUDA, for shapes the kernel does
+/// not take, or with `SPECDEC_GEMV_FOLD=0`.
+pub fn folded_gemv(
+    x: &Tensor,
+    w: &Tensor,
+    fold: Folded,
+    silu_gate: bool,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    {
+        use super::cuda::{fold_applies, Fold, FoldedGemv};
+        let (aux, norm, fold) = match fold {
+            Folded::Norm(g, eps) => (g, true, Fold::Norm { eps }),
+            Folded::Resid(r) => (r, false, Fold::Resid),
+        };
+        let x = x.contiguous()?;
+        if fold_applies(&x, w, aux, silu_gate, norm) {
+            let op = FoldedGemv { silu_gate, fold };
+            return Ok(Some(x.apply_op3_no_bwd(w, aux, &op)?));
+        }
+        Ok(None)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (x, w, fold, silu_gate);
+        Ok(None)
+    }
+}
+
 /// `silu(x gᵀ) * (x uᵀ)` for a few rows `x: [rows, in]` and a gated MLP's fused gate/up
 /// weight `w: [2 inter, in]` (gate rows first), in one GEMV whose blocks pair each gate row
 /// with its up row (CUDA, bf16 / f16), in the arithmetic of [`gemv`] then [`silu_mul`]. `None` off CUDA

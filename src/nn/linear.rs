@@ -44,6 +44,32 @@ impl Linear {
         } else {
             x.matmul(&self.weight.t()?)?
         };
+        self.add_bias(y)
+    }
+
+    /// `norm(x) Wᵀ + b` for the residual stream `x: [t, in]` before `norm`: on CUDA the norm
+    /// rides in the GEMV ([`super::fused::folded_gemv`]), elsewhere it runs first.
+    pub fn forward_prenorm(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
+        match super::fused::folded_gemv(x, &self.weight, fold, false)? {
+            Some(y) => self.add_bias(y),
+            None => self.forward(&norm.forward(x)?),
+        }
+    }
+
+    /// `resid + x Wᵀ` (no bias) with the add in the GEMV's epilogue on CUDA
+    /// ([`super::fused::folded_gemv`]); `resid: [t, out]`.
+    pub fn forward_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {
+        if self.bias.is_none() {
+            let fold = super::fused::Folded::Resid(resid);
+            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, false)? {
+                return Ok(y);
+            }
+        }
+        Ok((resid + self.forward(x)?)?)
+    }
+
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -92,6 +118,16 @@ impl RmsNorm {
         let sum = (x + y)?;
         let normed = self.forward(&sum)?;
         Ok((sum, normed))
+    }
+
+    /// The effective per-feature scale `[features]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The epsilon under the square root.
+    pub fn eps(&self) -> f32 {
+        self.eps
     }
 
     /// Parameters held.

@@ -1,7 +1,7 @@
 //! Gated feed-forward block: `down(act(gate(x)) * up(x))`.
 use candle_core::Tensor;
 
-use super::{profile, Linear};
+use super::{profile, Linear, RmsNorm};
 use crate::error::{Error, Result};
 
 /// The gate activation.
@@ -95,6 +95,25 @@ impl GatedMlp {
         let out = self.down.forward(&h)?;
         profile::mark("down projection", &out)?;
         Ok(out)
+    }
+
+    /// `x + mlp(norm(x))` for the residual stream `x: [t, hidden]`: on CUDA the norm rides
+    /// in the gate/up GEMV and the add in the down GEMV ([`super::fused::folded_gemv`]), so
+    /// a decode step runs no norm or add kernel here; elsewhere the norm and the add run on
+    /// their own.
+    pub fn forward_residual(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        if self.act == Activation::Silu && self.gate_up.bias().is_none() {
+            let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
+            if let Some(h) = super::fused::folded_gemv(x, self.gate_up.weight(), fold, true)? {
+                profile::mark("gate/up projection", &h)?;
+                let out = self.down.forward_add(&h, x)?;
+                profile::mark("down projection", &out)?;
+                return Ok(out);
+            }
+        }
+        let normed = norm.forward(x)?;
+        profile::mark("norms, residual adds", &normed)?;
+        Ok((x + self.forward(&normed)?)?)
     }
 
     /// Parameters held.

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
+use super::attention::AttnInput;
 use super::{
-    profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm, Rope,
-    RopeSpec, Weights,
+    fused, profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm,
+    Rope, RopeSpec, Weights,
 };
 use crate::cache::{
     KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP,
@@ -106,32 +107,48 @@ struct Block {
 type Residual = (Tensor, Tensor);
 
 impl Block {
-    fn forward(&self, input: Input, offset: usize, cache: &mut LayerCache) -> Result<Residual> {
-        self.forward_with(input, |attn, normed| attn.forward(normed, offset, cache))
+    fn forward(&self, input: Input, offset: usize, cache: &mut LayerCache) -> Result<Input> {
+        self.forward_with(input, |attn, input| attn.forward(input, offset, cache))
     }
 
-    /// The block around an attention call `attend(attention, normed input)`, from the
-    /// embeddings or from the previous block's un-added output.
+    /// The block around an attention call `attend(attention, its input)`, from the
+    /// embeddings or from the previous block's output.
+    ///
+    /// Decode and verification steps on CUDA in half precision ([`fused::folds`]) hand the
+    /// residual stream itself to the products, which fold in the norms before them and the
+    /// residual adds after them (no norm or add kernel between them); a pre-norm block then
+    /// returns the stream. Everything else normalises first and returns the stream and the
+    /// MLP's output un-added, for the next norm to add in the same kernel.
     fn forward_with(
         &self,
         input: Input,
-        attend: impl FnOnce(&Attention, &Tensor) -> Result<Tensor>,
-    ) -> Result<Residual> {
+        attend: impl FnOnce(&Attention, AttnInput) -> Result<Tensor>,
+    ) -> Result<Input> {
+        let pre_norm = self.attn_post_norm.is_none() && self.mlp_post_norm.is_none();
+        if pre_norm && fused::folds(input.stream()) {
+            let x = match input {
+                Input::Embedded(x) | Input::Stream(x) => x,
+                Input::Residual((x, h)) => (x + h)?,
+            };
+            let x = attend(&self.attn, AttnInput::Residual(&x, &self.attn_norm))?;
+            let x = self.mlp.forward_residual(&x, &self.mlp_norm)?;
+            return Ok(Input::Stream(x));
+        }
         let (x, normed) = match input {
-            Input::Embedded(x) => {
+            Input::Embedded(x) | Input::Stream(x) => {
                 let normed = self.attn_norm.forward(&x)?;
                 (x, normed)
             }
             Input::Residual((x, h)) => self.attn_norm.add_forward(&x, &h)?,
         };
         profile::mark("norms, residual adds", &normed)?;
-        let h = attend(&self.attn, &normed)?;
+        let h = attend(&self.attn, AttnInput::Normed(&normed))?;
         let h = post_norm(&self.attn_post_norm, h)?;
         let (x, normed) = self.mlp_norm.add_forward(&x, &h)?;
         profile::mark("norms, residual adds", &normed)?;
         let h = self.mlp.forward(&normed)?;
         let h = post_norm(&self.mlp_post_norm, h)?;
-        Ok((x, h))
+        Ok(Input::Residual((x, h)))
     }
 
     fn param_count(&self) -> usize {
@@ -148,7 +165,19 @@ impl Block {
 /// What a block reads: the embeddings (the first block) or the previous block's output.
 enum Input {
     Embedded(Tensor),
+    /// The stream and the last output not yet added to it.
     Residual(Residual),
+    /// The stream with everything added (a folded block's output).
+    Stream(Tensor),
+}
+
+impl Input {
+    /// The residual stream's tensor (before any pending add).
+    fn stream(&self) -> &Tensor {
+        match self {
+            Input::Embedded(x) | Input::Stream(x) | Input::Residual((x, _)) => x,
+        }
+    }
 }
 
 fn post_norm(norm: &Option<RmsNorm>, h: Tensor) -> Result<Tensor> {
@@ -466,7 +495,7 @@ impl Decoder {
         profile::mark("embedding", &x)?;
         let mut input = Input::Embedded(x);
         for (i, block) in self.blocks.iter().enumerate() {
-            input = Input::Residual(block.forward(input, offset, cache.layer_mut(i)?)?);
+            input = block.forward(input, offset, cache.layer_mut(i)?)?;
         }
         self.head(input, last)
     }
@@ -482,11 +511,15 @@ impl Decoder {
                 x.clone()
             })
         };
-        let normed = match input {
-            Input::Embedded(x) => self.norm.forward(&rows(&x)?)?,
-            Input::Residual((x, h)) => self.norm.add_forward(&rows(&x)?, &rows(&h)?)?.1,
+        let mut logits = match input {
+            Input::Embedded(x) => self.lm_head.forward(&self.norm.forward(&rows(&x)?)?)?,
+            Input::Residual((x, h)) => {
+                let normed = self.norm.add_forward(&rows(&x)?, &rows(&h)?)?.1;
+                self.lm_head.forward(&normed)?
+            }
+            // A folded step's stream: the final norm rides in the LM head's GEMV too.
+            Input::Stream(x) => self.lm_head.forward_prenorm(&rows(&x)?, &self.norm)?,
         };
-        let mut logits = self.lm_head.forward(&normed)?;
         if let Some(cap) = self.final_softcap {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
@@ -532,9 +565,8 @@ impl Decoder {
             }
             let mut input = Input::Embedded(x);
             for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                input = Input::Residual(block.forward_with(input, |attn, normed| {
-                    attn.forward_in_place(normed, k, v, len)
-                })?);
+                input = block
+                    .forward_with(input, |attn, input| attn.forward_in_place(input, k, v, len))?;
             }
             self.head(input, last && t > 1)
         })?;

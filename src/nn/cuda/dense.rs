@@ -1,7 +1,7 @@
 //! Row-wise products and elementwise steps of a decode or verification step: GEMV,
 //! SiLU·up, residual add + RMSNorm, row argmax.
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
@@ -24,6 +24,8 @@ fn gemv_outs(rows: usize) -> usize {
 
 /// Choices of the GEMV kernels, from the environment (read once), for comparisons in one
 /// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
+/// `SPECDEC_GEMV_FOLD=0` keeps the pre-norms and residual adds of decode and verification
+/// steps in their own kernel ([`Fold`]);
 /// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
 /// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
 /// gated MLP's SiLU in its own kernel; `SPECDEC_GEMV_MAX_WARPS=8|16|32` caps the tensor-core
@@ -32,6 +34,7 @@ fn gemv_outs(rows: usize) -> usize {
 /// 0.96 → 0.93 ms, the 8B-shaped target unchanged; 8 was slower for both).
 struct Knobs {
     tensor_cores: bool,
+    fold: bool,
     v: Option<usize>,
     silu_gate: bool,
     max_warps: usize,
@@ -43,6 +46,7 @@ fn knobs() -> &'static Knobs {
         let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Knobs {
             tensor_cores: on("SPECDEC_TC_GEMV"),
+            fold: on("SPECDEC_GEMV_FOLD"),
             v: std::env::var("SPECDEC_GEMV_V")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -74,6 +78,54 @@ pub struct Gemv {
     pub silu_gate: bool,
 }
 
+/// What a tensor-core GEMV folds in from its third input (`GEMV_NORM` / `GEMV_RESID` in
+/// kernels.cu), so that decode and verification steps run no norm or add kernel between
+/// their products.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fold {
+    /// The third input is an RMSNorm's weight `[in]` and `x` the residual stream before that
+    /// norm: `y = r · (x ⊙ g) wᵀ` with `r = rsqrt(mean(x²) + eps)` per row (also with
+    /// `silu_gate`, where both products take `r` before the activation).
+    Norm { eps: f32 },
+    /// The third input is the residual stream `[rows, out]`: `y = resid + x wᵀ`, each
+    /// rounded to the dtype as `add_rmsnorm` rounds its sum.
+    Resid,
+}
+
+/// [`Gemv`] with a [`Fold`]: inputs `x`, `w` and the fold's tensor (a
+/// [`candle_core::CustomOp3`]); tensor-core path only ([`fold_applies`]).
+pub struct FoldedGemv {
+    pub silu_gate: bool,
+    pub fold: Fold,
+}
+
+impl FoldedGemv {
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
+        &self,
+        dev: &CudaDevice,
+        name: &str,
+        x: (&CudaSlice<T>, &Layout),
+        w: (&CudaSlice<T>, &Layout),
+        (aux, al): (&CudaSlice<T>, &Layout),
+    ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
+        let Some((a0, a1)) = al.contiguous_offsets() else {
+            candle_core::bail!("gemv: the folded input must be contiguous");
+        };
+        let gemv = Gemv {
+            silu_gate: self.silu_gate,
+        };
+        gemv.launch(
+            dev,
+            name,
+            x,
+            w,
+            Some((&aux.slice(a0..a1), al.dims(), self.fold)),
+        )
+    }
+}
+
+float_op3!(FoldedGemv, "folded-gemv");
+
 impl Gemv {
     fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
         &self,
@@ -81,6 +133,7 @@ impl Gemv {
         name: &str,
         (x, xl): (&CudaSlice<T>, &Layout),
         (w, wl): (&CudaSlice<T>, &Layout),
+        fold: Option<(&CudaView<'_, T>, &[usize], Fold)>,
     ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
         let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
         else {
@@ -96,6 +149,29 @@ impl Gemv {
             candle_core::bail!("gemv: the SiLU-gated product needs the tensor-core path");
         }
         let out = if self.silu_gate { wd[0] / 2 } else { wd[0] };
+        // The kernel's name part, the folded input and epsilon (checked against the kernel's
+        // reads: the norm weight in whole 16-byte vectors beside each chunk of `x`, the
+        // residual one element per output).
+        let (mode, aux, eps) = match fold {
+            None => ("", None, 0.0),
+            Some((aux, dims, fold)) => {
+                let vector = 16 / std::mem::size_of::<T>();
+                match fold {
+                    _ if !tensor_cores => {
+                        candle_core::bail!("gemv: a folded product needs the tensor-core path")
+                    }
+                    Fold::Norm { eps } if dims == [inp] && aux.len() == inp => {
+                        ("norm_", Some(aux), eps)
+                    }
+                    Fold::Resid if !self.silu_gate && dims == [rows, out] => {
+                        ("resid_", Some(aux), 0.0)
+                    }
+                    _ => candle_core::bail!(
+                        "gemv: folded input {dims:?} does not fit {fold:?} for x {xd:?}, w {wd:?} ({vector} per vector)"
+                    ),
+                }
+            }
+        };
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
@@ -120,18 +196,28 @@ impl Gemv {
                 Some(_) => 1,
                 None => 1 + usize::from(inp.is_multiple_of(64)),
             };
-            let mut l = Launch::new(dev, &format!("gemv_tc_{gate}{name}_n{nt}_w{warps}_v{v}"))?;
+            let kernel = format!("gemv_tc_{gate}{mode}{name}_n{nt}_w{warps}_v{v}");
+            let mut l = Launch::new(dev, &kernel)?;
             l.ptr(&x).ptr(&w).ptr(&y);
             l.val(rows as i32).val(inp as i32).val(out as i32);
+            match aux {
+                Some(aux) => l.ptr(aux),
+                None => l.null(),
+            };
+            l.val(eps);
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
-            // outputs past the ends are clamped on load and never written.
+            // outputs past the ends are clamped on load and never written; a folded input
+            // has the length its mode reads (checked above).
             unsafe { l.run(cfg) }?;
             return Ok((y, Shape::from((rows, out))));
+        }
+        if fold.is_some() {
+            candle_core::bail!("gemv: a folded product needs the tensor-core path");
         }
         let mut l = Launch::new(dev, &format!("gemv_{name}_r{rows}"))?;
         l.ptr(&x).ptr(&w).ptr(&y).val(inp as i32).val(out as i32);
@@ -172,15 +258,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl), None)?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl), None)?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl))?;
+                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl), None)?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -227,6 +313,46 @@ pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.dims()[0] % 16 == 0
         && tensor_core_gemv()
         && knobs().silu_gate
+}
+
+/// Whether a step over the residual stream `x: [rows, hidden]` takes the folded products
+/// (see `fused::folds`).
+pub fn folds(x: &Tensor) -> bool {
+    x.device().is_cuda()
+        && x.rank() == 2
+        && (1..=GEMV_MAX_ROWS).contains(&x.dims()[0])
+        && x.dims()[1] % 32 == 0
+        && matches!(
+            x.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F16
+        )
+        && tensor_core_gemv()
+        && knobs().fold
+}
+
+/// True when [`FoldedGemv`] takes `x: [rows, in]`, `w` (with `silu_gate`: [`silu_gate_applies`],
+/// else [`gemv_applies`]) and the fold's input `aux`: the tensor-core path (bf16 / f16, `in`
+/// a multiple of 32), folding not switched off, and `aux` contiguous, of `x`'s dtype, either
+/// the norm weight `[in]` starting 16-byte aligned or the residual `[rows, out]`.
+pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm: bool) -> bool {
+    let products = if silu_gate {
+        silu_gate_applies(x, w)
+    } else {
+        gemv_applies(x, w)
+            && matches!(
+                w.dtype(),
+                candle_core::DType::BF16 | candle_core::DType::F16
+            )
+            && w.dims()[1] % 32 == 0
+            && tensor_core_gemv()
+    };
+    let vector = 16 / aux.dtype().size_in_bytes().max(1);
+    let fits = if norm {
+        aux.dims() == [x.dims()[1]] && aux.layout().start_offset() % vector == 0
+    } else {
+        !silu_gate && aux.dims() == [x.dims()[0], w.dims()[0]]
+    };
+    products && knobs().fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
 }
 
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as

@@ -823,15 +823,48 @@ GEMV_ROWS(__half, f16)
 // g = x w[o], u = x w[out + o], exactly what `silu_mul` computes from the plain product: the
 // block takes 8 gate rows as the mma's A rows 0-7 and the matching up rows as rows 8-15, so
 // one thread holds both sums of an output.
+// MODE folds the layer's residual stream into the product, so that no norm kernel runs
+// between them (each such kernel costs a launch and a chain of round trips, ~2 us a call):
+// - GEMV_NORM: x is the residual stream s before its RMSNorm (weight `aux`, epsilon `eps`)
+//   and the product is taken of norm(s) = s r g with the row's scalar r = rsqrt(mean(s^2) +
+//   eps) pulled out of the sum: y = r (w . round(s g)). Each warp takes s^2 over the chunks
+//   it loads anyway on the tensor cores (the diagonal of s s^T: one more mma per two), then
+//   the warps add in order, so r, like every product, depends on the row alone. Not bitwise
+//   the unfused norm-then-product (that rounds s r g, this rounds s g): one rounding either
+//   way. Measured on the H200 (2026-11-23, graphs of the products and the kernels between
+//   them): a 1B-shaped draft step 0.81 -> 0.75 ms, an 8B-shaped one 4.06 -> 4.02 ms.
+// - GEMV_RESID: y = round(aux + round(w . x)), the residual add after the product, in the
+//   arithmetic of `add_rmsnorm`'s sum (aux: [rows, out], the residual stream).
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
+constexpr int GEMV_PLAIN = 0, GEMV_NORM = 1, GEMV_RESID = 2;
+// Eight elements times eight, each product rounded once (as from_f32(to_f32(a) * to_f32(b)):
+// the product of two 16-bit floats is exact in f32).
+template <typename T> __device__ __forceinline__ uint4 mul8(uint4 a, uint4 b);
+template <> __device__ __forceinline__ uint4 mul8<__nv_bfloat16>(uint4 a, uint4 b) {
+  uint4 r;
+  const __nv_bfloat162 *pa = reinterpret_cast<const __nv_bfloat162 *>(&a),
+                       *pb = reinterpret_cast<const __nv_bfloat162 *>(&b);
+  __nv_bfloat162 *pr = reinterpret_cast<__nv_bfloat162 *>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pr[i] = __hmul2(pa[i], pb[i]);
+  return r;
+}
+template <> __device__ __forceinline__ uint4 mul8<__half>(uint4 a, uint4 b) {
+  uint4 r;
+  const __half2 *pa = reinterpret_cast<const __half2 *>(&a), *pb = reinterpret_cast<const __half2 *>(&b);
+  __half2 *pr = reinterpret_cast<__half2 *>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) pr[i] = __hmul2(pa[i], pb[i]);
+  return r;
+}
 constexpr int GEMV_TC_UNROLL = 4;
 // V: 16-byte loads per lane and weight row per chunk (chunks of 32 V inputs; a row's four
 // lanes read 64 V contiguous bytes: V = 2 made an 8B-shaped decode step 7% faster on the
 // H200). (An L2 prefetch of each warp's first chunks before `pdl_begin` made it 2-7% slower.)
-template <typename T, int NT, int WARPS, bool GATED, int V>
+template <typename T, int NT, int WARPS, bool GATED, int V, int MODE>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
-                        int rows, int in, int out) {
+                        int rows, int in, int out, const T *__restrict__ aux, float eps) {
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
@@ -845,6 +878,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   // A chunk this warp may always read (a warp past the end has none of its own).
   const int safe = first < end ? first : 0;
   uint4 a0[U][V], a1[U][V];
+  uint4 g[MODE == GEMV_NORM ? U : 1][V];  // GEMV_NORM: the norm weight's matching elements
   // Loads of the weight chunks from `ch` on (unconditional: a chunk past the end reads a safe
   // one again and is skipped), all in flight before the first mma.
   auto load_w = [&](int ch) {
@@ -856,6 +890,8 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       for (int j = 0; j < V; ++j) {
         a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
         a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
+        if (MODE == GEMV_NORM)
+          g[u][j] = __ldg(reinterpret_cast<const uint4 *>(aux + 8 * V * tig + k) + j);
       }
     }
   };
@@ -871,8 +907,12 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     xr[n] = x + (long)min(n * 8 + grp, rows - 1) * in + 8 * V * tig;
   }
   float c[NT][4];
+  // GEMV_NORM: s s^T of the n-tile's rows over this warp's chunks (its diagonal: sum s^2).
+  float ss[MODE == GEMV_NORM ? NT : 1][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+#pragma unroll
+  for (int n = 0; n < (MODE == GEMV_NORM ? NT : 1); ++n) ss[n][0] = ss[n][1] = ss[n][2] = ss[n][3] = 0.f;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int ch = first; ch < end; ch += step * U) {
     if (ch != first) load_w(ch);
@@ -893,7 +933,15 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       for (int j = 0; j < V; ++j)
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const uint4 bb = xlive[n] ? b[n][u][j] : zero;
+          uint4 bb = xlive[n] ? b[n][u][j] : zero;
+          if (MODE == GEMV_NORM) {
+            // s^2 on the tensor cores: with s's own fragment as A's rows 0-7 (rows 8-15
+            // zero), C[i][i] = s_i . s_i over this chunk; then bb = round(s g), one rounding
+            // of the exact product as `from_f32(to_f32(s) * to_f32(g))`.
+            mma16816<T>(ss[n], bb.x, 0u, bb.y, 0u, bb.x, bb.y);
+            mma16816<T>(ss[n], bb.z, 0u, bb.w, 0u, bb.z, bb.w);
+            bb = mul8<T>(bb, g[u][j]);
+          }
           const uint4 &p = a0[u][j], &q = a1[u][j];
           mma16816<T>(c[n], p.x, q.x, p.y, q.y, bb.x, bb.y);
           mma16816<T>(c[n], p.z, q.z, p.w, q.w, bb.z, bb.w);
@@ -901,11 +949,23 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     }
   }
   __shared__ float red[WARPS][NT][32][4];
+  __shared__ float rss[MODE == GEMV_NORM ? WARPS : 1][NT][8];
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+  for (int n = 0; n < NT; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[warp][n][lane][e] = c[n][e];
+    // C[i][i] sits at lane 4 i + i / 2, element i % 2; the warps add in order below.
+    if (MODE == GEMV_NORM && tig == grp / 2) rss[warp][n][grp] = ss[n][grp % 2];
+  }
   __syncthreads();
+  // GEMV_NORM: the row's 1 / rms (else 1).
+  auto scale = [&](int r) {
+    if (MODE != GEMV_NORM) return 1.f;
+    float t = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < WARPS; ++wi) t += rss[wi][r / 8][r % 8];
+    return rsqrtf(t / in + eps);
+  };
   // c's layout: A row a (0-15) and row r (0-15) of n-tile r / 8 sit at lane
   // 4 * (a % 8) + (r % 8) / 2, element 2 * (a / 8) + r % 2.
   auto sum = [&](int a, int r) {
@@ -920,29 +980,38 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     // Thread i < 128 takes output o0 + i / 16 of row i % 16.
     const int o = threadIdx.x / 16, r = threadIdx.x % 16;
     if (threadIdx.x < 128 && r / 8 < NT && r < rows && o0 + o < out) {
-      const float g = to_f32(from_f32<T>(sum(o, r))), u = to_f32(from_f32<T>(sum(o + 8, r)));
+      const float sc = scale(r);
+      const float g = to_f32(from_f32<T>(sum(o, r) * sc));
+      const float u = to_f32(from_f32<T>(sum(o + 8, r) * sc));
       y[(long)r * out + o0 + o] = from_f32<T>(g / (1.f + __expf(-g)) * u);
     }
   } else {
     // Thread i < 256 takes output o0 + i / 16 of row i % 16.
     const int o = threadIdx.x / 16, r = threadIdx.x % 16;
-    if (threadIdx.x < 256 && r / 8 < NT && r < rows && o0 + o < out)
-      y[(long)r * out + o0 + o] = from_f32<T>(sum(o, r));
+    if (threadIdx.x < 256 && r / 8 < NT && r < rows && o0 + o < out) {
+      const long at = (long)r * out + o0 + o;
+      const T p = from_f32<T>(sum(o, r) * scale(r));
+      y[at] = MODE == GEMV_RESID ? from_f32<T>(to_f32(aux[at]) + to_f32(p)) : p;
+    }
   }
 }
 
-#define GEMV_TC1(NAME, T, NT, W, GATED, V)                                                     \
+// (Holding GEMV_NORM to the plain kernel's 64 registers a thread spilled and measured
+// slower: 0.96 against 0.75 ms a 1B-shaped draft step on the H200.)
+#define GEMV_TC1(NAME, T, NT, W, GATED, V, MODE)                                               \
   extern "C" __global__ void __launch_bounds__(W * 32)                                         \
-      NAME(const T *x, const T *w, T *y, int rows, int in, int out) {                          \
-    gemv_tc<T, NT, W, GATED, V>(x, w, y, rows, in, out);                                       \
+      NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps) { \
+    gemv_tc<T, NT, W, GATED, V, MODE>(x, w, y, rows, in, out, aux, eps);                       \
   }
+// Kernel names: gemv_tc_[silu_][norm_|resid_]<dtype>_n<NT>_w<W>_v<V>.
+#define GEMV_TC_M(T, NAME, NT, W, V)                                                           \
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_PLAIN)               \
+  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_NORM)           \
+  GEMV_TC1(gemv_tc_resid_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_RESID)         \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, GEMV_PLAIN)           \
+  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, GEMV_NORM)
 #define GEMV_TC_W(T, NAME, NT, V)                                                              \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w8_v##V, T, NT, 8, false, V)                               \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w16_v##V, T, NT, 16, false, V)                             \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w32_v##V, T, NT, 32, false, V)                             \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w8_v##V, T, NT, 8, true, V)                           \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w16_v##V, T, NT, 16, true, V)                         \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w32_v##V, T, NT, 32, true, V)
+  GEMV_TC_M(T, NAME, NT, 8, V) GEMV_TC_M(T, NAME, NT, 16, V) GEMV_TC_M(T, NAME, NT, 32, V)
 #define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)
 GEMV_TC(__nv_bfloat16, bf16, 1)
 GEMV_TC(__nv_bfloat16, bf16, 2)

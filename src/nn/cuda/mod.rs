@@ -98,5 +98,6 @@ pub use attention::{
     SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, gemv_applies, silu_gate_applies, AddRmsNorm, ArgmaxRows, Gemv, SiluMul,
+    add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
+    ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
 };
