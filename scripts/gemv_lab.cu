@@ -23,11 +23,12 @@
 typedef __nv_bfloat16 bf;
 static cudaStream_t st;
 static bool g_pdl = true;
+static size_t g_smem = 0;  // dynamic shared memory of the next launch (a folded norm's weight)
 
 template <typename... P, typename... A>
 void launch(void (*k)(P...), dim3 g, dim3 b, A... a) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = g; cfg.blockDim = b; cfg.dynamicSmemBytes = 0; cfg.stream = st;
+  cfg.gridDim = g; cfg.blockDim = b; cfg.dynamicSmemBytes = g_smem; cfg.stream = st;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -101,7 +102,9 @@ void gemv(const Cfg &c, Model &m, const bf *x, const bf *w, bf *y, int in, int o
     if (gated) k = mode == NORMM ? gemv_tc_silu_norm_bf16_n1_w##W##_v2 : gemv_tc_silu_bf16_n1_w##W##_v2; \
     else k = mode == NORMM ? gemv_tc_norm_bf16_n1_w##W##_v2 : mode == RESID ? gemv_tc_resid_bf16_n1_w##W##_v2 : gemv_tc_bf16_n1_w##W##_v2; }
   PICK(8) PICK(16) PICK(32)
+  g_smem = mode == NORMM ? in * sizeof(bf) : 0;
   launch(k, blocks, warps * 32, x, w, y, rows, in, out, aux, 1e-5f);
+  g_smem = 0;
 }
 void step(const Cfg &c, Model &m) {
   const Shape &s = m.s;

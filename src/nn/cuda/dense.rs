@@ -78,6 +78,10 @@ pub struct Gemv {
     pub silu_gate: bool,
 }
 
+/// Most bytes of a folded norm's weight (staged in shared memory beside the reduction
+/// buffers of a block of at most 16 warps): hidden sizes up to 12,288 in half precision.
+const NORM_WEIGHT_SMEM: usize = 24 << 10;
+
 /// What a tensor-core GEMV folds in from its third input (`GEMV_NORM` / `GEMV_RESID` in
 /// kernels.cu), so that decode and verification steps run no norm or add kernel between
 /// their products.
@@ -160,7 +164,11 @@ impl Gemv {
                     _ if !tensor_cores => {
                         candle_core::bail!("gemv: a folded product needs the tensor-core path")
                     }
-                    Fold::Norm { eps } if dims == [inp] && aux.len() == inp => {
+                    Fold::Norm { eps }
+                        if dims == [inp]
+                            && aux.len() == inp
+                            && inp * std::mem::size_of::<T>() <= NORM_WEIGHT_SMEM =>
+                    {
                         ("norm_", Some(aux), eps)
                     }
                     Fold::Resid if !self.silu_gate && dims == [rows, out] => {
@@ -188,8 +196,13 @@ impl Gemv {
                 _ => 8,
             }
             .min(knobs().max_warps);
-            // A folded norm takes ~90 registers a thread: a 32-warp block (held to 64) spills.
-            let warps = if mode == "norm_" { warps.min(16) } else { warps };
+            // A folded norm's weight sits in shared memory beside the block's reduction
+            // buffers: at most 16 warps keep both within the default 48 KB.
+            let warps = if mode == "norm_" {
+                warps.min(16)
+            } else {
+                warps
+            };
             let gate = if self.silu_gate { "silu_" } else { "" };
             // The chunk width depends on `in` only, never on the row count: every row count
             // sums in the same order.
@@ -207,10 +220,16 @@ impl Gemv {
                 None => l.null(),
             };
             l.val(eps);
+            // GEMV_NORM stages the norm weight (`in` elements) in shared memory.
+            let shared_mem_bytes = if mode == "norm_" {
+                (inp * std::mem::size_of::<T>()) as u32
+            } else {
+                0
+            };
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes,
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written; a folded input
@@ -350,7 +369,9 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
     };
     let vector = 16 / aux.dtype().size_in_bytes().max(1);
     let fits = if norm {
-        aux.dims() == [x.dims()[1]] && aux.layout().start_offset() % vector == 0
+        aux.dims() == [x.dims()[1]]
+            && aux.layout().start_offset() % vector == 0
+            && aux.elem_count() * aux.dtype().size_in_bytes() <= NORM_WEIGHT_SMEM
     } else {
         !silu_gate && aux.dims() == [x.dims()[0], w.dims()[0]]
     };

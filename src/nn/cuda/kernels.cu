@@ -827,12 +827,13 @@ GEMV_ROWS(__half, f16)
 // between them (each such kernel costs a launch and a chain of round trips, ~2 us a call):
 // - GEMV_NORM: x is the residual stream s before its RMSNorm (weight `aux`, epsilon `eps`)
 //   and the product is taken of norm(s) = s r g with the row's scalar r = rsqrt(mean(s^2) +
-//   eps) pulled out of the sum: y = r (w . round(s g)). Each warp takes s^2 over the chunks
+//   eps) pulled out of the sum: y = r (w . round(s g)) (g staged in dynamic shared memory,
+//   `in` elements, before the PDL wait). Each warp takes s^2 over the chunks
 //   it loads anyway on the tensor cores (the diagonal of s s^T: one more mma per two), then
 //   the warps add in order, so r, like every product, depends on the row alone. Not bitwise
 //   the unfused norm-then-product (that rounds s r g, this rounds s g): one rounding either
-//   way. Measured on the H200 (2026-11-23, graphs of the products and the kernels between
-//   them): a 1B-shaped draft step 0.81 -> 0.75 ms, an 8B-shaped one 4.06 -> 4.02 ms.
+//   way. Measured on the H200 (2026-11-23, scripts/gemv_lab.cu): a 1B-shaped draft step
+//   0.83 -> 0.78 ms, an 8B-shaped one 3.91 -> 3.84 ms.
 // - GEMV_RESID: y = round(aux + round(w . x)), the residual add after the product, in the
 //   arithmetic of `add_rmsnorm`'s sum (aux: [rows, out], the residual stream).
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
@@ -878,7 +879,6 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   // A chunk this warp may always read (a warp past the end has none of its own).
   const int safe = first < end ? first : 0;
   uint4 a0[U][V], a1[U][V];
-  uint4 g[MODE == GEMV_NORM ? U : 1][V];  // GEMV_NORM: the norm weight's matching elements
   // Loads of the weight chunks from `ch` on (unconditional: a chunk past the end reads a safe
   // one again and is skipped), all in flight before the first mma.
   auto load_w = [&](int ch) {
@@ -890,14 +890,19 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       for (int j = 0; j < V; ++j) {
         a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
         a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
-        if (MODE == GEMV_NORM)
-          g[u][j] = __ldg(reinterpret_cast<const uint4 *>(aux + 8 * V * tig + k) + j);
       }
     }
   };
   // The first chunks are weights, which no kernel writes: they load before `pdl_begin`, while
-  // the kernel ahead (a norm, the attention) finishes.
+  // the kernel ahead (a norm, the attention) finishes. So does GEMV_NORM's norm weight, into
+  // shared memory (`in` elements, dynamic: registers holding it beside the weight chunks cost
+  // a block per SM).
+  extern __shared__ uint4 gsm[];
+  if (MODE == GEMV_NORM)
+    for (int i = threadIdx.x; i < in / 8; i += blockDim.x)
+      gsm[i] = __ldg(reinterpret_cast<const uint4 *>(aux) + i);
   load_w(first);
+  if (MODE == GEMV_NORM) __syncthreads();
   pdl_begin();
   const T *xr[NT];
   bool xlive[NT];
@@ -940,7 +945,7 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
             // of the exact product as `from_f32(to_f32(s) * to_f32(g))`.
             mma16816<T>(ss[n], bb.x, 0u, bb.y, 0u, bb.x, bb.y);
             mma16816<T>(ss[n], bb.z, 0u, bb.w, 0u, bb.z, bb.w);
-            bb = mul8<T>(bb, g[u][j]);
+            bb = mul8<T>(bb, gsm[((ch + u * step) * CH + 8 * V * tig) / 8 + j]);
           }
           const uint4 &p = a0[u][j], &q = a1[u][j];
           mma16816<T>(c[n], p.x, q.x, p.y, q.y, bb.x, bb.y);
@@ -996,10 +1001,15 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
   }
 }
 
-// (Holding GEMV_NORM to the plain kernel's 64 registers a thread spilled and measured
-// slower: 0.96 against 0.75 ms a 1B-shaped draft step on the H200.)
+// One-tile blocks of 8 or 16 warps are held to 64 registers a thread (two 16-warp blocks or
+// four 8-warp blocks an SM): GEMV_NORM took ~90 unasked, and the plain and residual kernels
+// 68-70 once GEMV_NORM's norm weight moved to shared memory, which ran the 8B-shaped target's
+// 256-block products in two waves (lab bench: 3.97 against 3.84 ms a step). (The 1B-shaped
+// draft's step was faster with the plain kernels at 68 registers in the lab, 0.72 against
+// 0.78 ms, one 128-block grid's blocks per SM; spreading those grids one block per SM by
+// their launch's shared memory measured no different in the model, and was dropped.)
 #define GEMV_TC1(NAME, T, NT, W, GATED, V, MODE)                                               \
-  extern "C" __global__ void __launch_bounds__(W * 32)                                         \
+  extern "C" __global__ void __launch_bounds__(W * 32, NT == 1 && W < 32 ? 1024 / (W * 32) : 1) \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps) { \
     gemv_tc<T, NT, W, GATED, V, MODE>(x, w, y, rows, in, out, aux, eps);                       \
   }
