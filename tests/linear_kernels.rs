@@ -84,54 +84,76 @@ fn few_row_products_match_the_dot_products_and_each_row_alone() {
     }
 }
 
+/// A gated MLP `[hidden] -> [inter] -> [hidden]` of values from `seed` on `dev` in `dtype`,
+/// and its fused gate/up and down weights on the host.
+fn gated_mlp(
+    dev: &Device,
+    dtype: DType,
+    (hidden, inter): (usize, usize),
+    seed: u64,
+) -> (specdec::nn::GatedMlp, Vec<f32>, Vec<f32>) {
+    use specdec::nn::{Activation, GatedMlp};
+    let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
+        Tensor::from_vec(values(n, seed, 1.0), shape, dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    let gate_up = tensor(2 * inter * hidden, seed, (2 * inter, hidden));
+    let down = tensor(hidden * inter, seed + 1, (hidden, inter));
+    let (guh, dh) = (host(&gate_up), host(&down));
+    let mlp = GatedMlp::new(
+        Linear::new(gate_up, None),
+        Linear::new(down, None),
+        Activation::Silu,
+    )
+    .unwrap();
+    (mlp, guh, dh)
+}
+
+/// `down(silu(gate x) * (up x))` in f64 from the host weights of [`gated_mlp`].
+fn mlp_formula(guh: &[f32], dh: &[f32], x: &[f64]) -> Vec<f64> {
+    let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| w[o * v.len() + i] as f64 * x)
+            .sum()
+    };
+    let inter = guh.len() / x.len() / 2;
+    let act: Vec<f64> = (0..inter)
+        .map(|i| {
+            let (g, u) = (dot(guh, i, x), dot(guh, inter + i, x));
+            g / (1.0 + (-g).exp()) * u
+        })
+        .collect();
+    (0..dh.len() / inter).map(|o| dot(dh, o, &act)).collect()
+}
+
 /// The gated MLP of 1–16 rows (`down(silu(gate) * up)`: two products and the fused
 /// activation on CUDA) against the formula in f64, and, on CUDA, each row equal to the
 /// one-row forward bitwise.
 #[test]
 fn gated_mlp_rows_match_the_formula_and_each_row_alone() {
-    use specdec::nn::{Activation, GatedMlp};
     let dev = device::device();
     let (hidden, inter) = (128, 96);
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 4e-3)] {
-        let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
-            Tensor::from_vec(values(n, seed, 1.0), shape, &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap()
-        };
-        let gate_up = tensor(2 * inter * hidden, 11, (2 * inter, hidden));
-        let down = tensor(hidden * inter, 12, (hidden, inter));
-        let x = tensor(16 * hidden, 13, (16, hidden));
-        let (guh, dh, xh) = (host(&gate_up), host(&down), host(&x));
-        let mlp = GatedMlp::new(
-            Linear::new(gate_up, None),
-            Linear::new(down, None),
-            Activation::Silu,
-        )
-        .unwrap();
+        let (mlp, guh, dh) = gated_mlp(&dev, dtype, (hidden, inter), 11);
+        let x = Tensor::from_vec(values(16 * hidden, 13, 1.0), (16, hidden), &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let xh = host(&x);
         let singles: Vec<Vec<f32>> = (0..16)
             .map(|r| host(&mlp.forward(&x.narrow(0, r, 1).unwrap()).unwrap()))
             .collect();
         for rows in 1..=16 {
             let y = host(&mlp.forward(&x.narrow(0, 0, rows).unwrap()).unwrap());
             for r in 0..rows {
-                let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
-                    v.iter()
-                        .enumerate()
-                        .map(|(i, x)| w[o * v.len() + i] as f64 * x)
-                        .sum()
-                };
                 let xr: Vec<f64> = xh[r * hidden..(r + 1) * hidden]
                     .iter()
                     .map(|&v| v as f64)
                     .collect();
-                let act: Vec<f64> = (0..inter)
-                    .map(|i| {
-                        let (g, u) = (dot(&guh, i, &xr), dot(&guh, inter + i, &xr));
-                        g / (1.0 + (-g).exp()) * u
-                    })
-                    .collect();
-                let want: Vec<f64> = (0..hidden).map(|o| dot(&dh, o, &act)).collect();
+                let want = mlp_formula(&guh, &dh, &xr);
                 // Relative to the row's largest output: half precision rounds the gate/up
                 // product and the activation before the down product.
                 let scale = want.iter().fold(0f64, |m, w| m.max(w.abs()));
@@ -280,26 +302,12 @@ fn folded_products_match_the_formulas_and_each_row_alone() {
 /// one-row forward bitwise.
 #[test]
 fn folded_mlp_rows_match_the_formula_and_each_row_alone() {
-    use specdec::nn::{Activation, GatedMlp};
     let dev = device::device();
     let (hidden, inter) = (128, 96);
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2), (DType::F16, 6e-3)] {
-        let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
-            Tensor::from_vec(values(n, seed, 1.0), shape, &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap()
-        };
-        let gate_up = tensor(2 * inter * hidden, 31, (2 * inter, hidden));
-        let down = tensor(hidden * inter, 32, (hidden, inter));
+        let (mlp, guh, dh) = gated_mlp(&dev, dtype, (hidden, inter), 31);
         let (x, norm) = stream_and_norm(&dev, dtype, hidden);
-        let (guh, dh, xh, gh) = (host(&gate_up), host(&down), host(&x), host(norm.weight()));
-        let mlp = GatedMlp::new(
-            Linear::new(gate_up, None),
-            Linear::new(down, None),
-            Activation::Silu,
-        )
-        .unwrap();
+        let (xh, gh) = (host(&x), host(norm.weight()));
         let singles: Vec<Vec<f32>> = (0..16)
             .map(|r| {
                 host(
@@ -314,20 +322,7 @@ fn folded_mlp_rows_match_the_formula_and_each_row_alone() {
                     .unwrap(),
             );
             for r in 0..rows {
-                let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
-                    v.iter()
-                        .enumerate()
-                        .map(|(i, x)| w[o * v.len() + i] as f64 * x)
-                        .sum()
-                };
-                let normed = normed_row(&xh, &gh, r, 1e-5);
-                let act: Vec<f64> = (0..inter)
-                    .map(|i| {
-                        let (g, u) = (dot(&guh, i, &normed), dot(&guh, inter + i, &normed));
-                        g / (1.0 + (-g).exp()) * u
-                    })
-                    .collect();
-                let mlp_out: Vec<f64> = (0..hidden).map(|o| dot(&dh, o, &act)).collect();
+                let mlp_out = mlp_formula(&guh, &dh, &normed_row(&xh, &gh, r, 1e-5));
                 let scale = mlp_out.iter().fold(1f64, |m, w| m.max(w.abs()));
                 for (o, m) in mlp_out.iter().enumerate() {
                     let want = xh[r * hidden + o] as f64 + m;
