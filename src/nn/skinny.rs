@@ -129,23 +129,26 @@ enum Kernel {
     Portable,
 }
 
-/// The fastest kernel this CPU runs (detected once).
-fn best_kernel() -> Kernel {
+/// Every kernel this CPU runs, fastest first: the best one and its fallbacks.
+fn supported() -> Vec<Kernel> {
+    let mut all = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            if is_x86_feature_detected!("avx512f") {
-                Kernel::Avx512
-            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                Kernel::Avx2
-            } else {
-                Kernel::Portable
-            }
-        })
+        if is_x86_feature_detected!("avx512f") {
+            all.push(Kernel::Avx512);
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            all.push(Kernel::Avx2);
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    Kernel::Portable
+    all.push(Kernel::Portable);
+    all
+}
+
+/// The fastest kernel this CPU runs (detected once).
+fn best_kernel() -> Kernel {
+    static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| supported()[0])
 }
 
 /// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i` of `x: [t, inp]` and every
@@ -154,8 +157,7 @@ fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], stride: usize
     rows_with(best_kernel(), x, w, t, inp, y, stride);
 }
 
-/// [`rows`] with `kernel`, which the CPU must support (it is one [`best_kernel`] or a
-/// fallback of it).
+/// [`rows`] with `kernel`, which the CPU must support (one of [`supported`]).
 fn rows_with(
     kernel: Kernel,
     x: &[f32],
@@ -165,23 +167,35 @@ fn rows_with(
     y: &mut [f32],
     stride: usize,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx512 {
+    match kernel {
         // SAFETY: the CPU has AVX-512F (the caller's contract, detected at run time);
         // `avx512::rows` checks the lengths.
-        unsafe { avx512::rows(x, w, t, inp, y, stride) };
-        return;
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => unsafe { avx512::rows(x, w, t, inp, y, stride) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => by_row(w, inp, t, y, stride, |w_row, col| {
+            // SAFETY: the CPU has AVX2 and FMA (the caller's contract, detected at run
+            // time); `x` holds `t` rows of `w_row`'s length.
+            unsafe { x86::single(x, w_row, t, col) }
+        }),
+        Kernel::Portable => by_row(w, inp, t, y, stride, |w_row, col| portable(x, w_row, col)),
     }
+}
+
+/// One weight row `j` at a time: `dot(w_row, col)` fills the row's results for the `t`
+/// token rows, which land in `y`'s column `j` (rows `stride` apart).
+fn by_row(
+    w: &[f32],
+    inp: usize,
+    t: usize,
+    y: &mut [f32],
+    stride: usize,
+    mut dot: impl FnMut(&[f32], &mut [f32]),
+) {
     let mut col = [0f32; MAX_ROWS];
     for (j, w_row) in w.chunks_exact(inp).enumerate() {
         let col = &mut col[..t];
-        match kernel {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has AVX2 and FMA (the caller's contract, detected at run
-            // time); `x` holds `t` rows of `w_row`'s length.
-            Kernel::Avx2 | Kernel::Avx512 => unsafe { x86::single(x, w_row, t, col) },
-            Kernel::Portable => portable(x, w_row, col),
-        }
+        dot(w_row, col);
         for (i, v) in col.iter().enumerate() {
             y[i * stride + j] = *v;
         }
@@ -305,21 +319,6 @@ mod tests {
     use candle_core::Device;
     use proptest::prelude::*;
 
-    /// Every kernel this CPU runs: the best one and its fallbacks.
-    fn kernels() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                all.push(Kernel::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                all.push(Kernel::Avx512);
-            }
-        }
-        all
-    }
-
     fn values(n: usize, seed: u64) -> Vec<f32> {
         (0..n)
             .map(|i| (((i as u64 * 2654435761 + seed) % 1000) as f32 - 500.0) / 250.0)
@@ -361,7 +360,7 @@ mod tests {
             let x = values(MAX_ROWS * inp, seed);
             let w = values(out * inp, seed + 7);
             let stride = out + pad;
-            for kernel in kernels() {
+            for kernel in supported() {
                 for t in 1..=MAX_ROWS {
                     let mut y = vec![f32::NAN; t * stride];
                     rows_with(kernel, &x[..t * inp], &w, t, inp, &mut y, stride);
@@ -393,7 +392,7 @@ mod tests {
             seed in 0u64..1000,
         ) {
             #[cfg(target_arch = "x86_64")]
-            if kernels().contains(&Kernel::Avx512) {
+            if supported().contains(&Kernel::Avx512) {
                 let x = values(MAX_ROWS * inp, seed);
                 let w = values(out * inp, seed + 7);
                 let single = |i: usize| {
