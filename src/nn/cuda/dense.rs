@@ -158,27 +158,22 @@ impl Gemv {
         // residual one element per output).
         let (mode, aux, eps) = match fold {
             None => ("", None, 0.0),
-            Some((aux, dims, fold)) => {
-                let vector = 16 / std::mem::size_of::<T>();
-                match fold {
-                    _ if !tensor_cores => {
-                        candle_core::bail!("gemv: a folded product needs the tensor-core path")
-                    }
-                    Fold::Norm { eps }
-                        if dims == [inp]
-                            && aux.len() == inp
-                            && inp * std::mem::size_of::<T>() <= NORM_WEIGHT_SMEM =>
-                    {
-                        ("norm_", Some(aux), eps)
-                    }
-                    Fold::Resid if !self.silu_gate && dims == [rows, out] => {
-                        ("resid_", Some(aux), 0.0)
-                    }
-                    _ => candle_core::bail!(
-                        "gemv: folded input {dims:?} does not fit {fold:?} for x {xd:?}, w {wd:?} ({vector} per vector)"
-                    ),
+            Some((aux, dims, fold)) => match fold {
+                _ if !tensor_cores => {
+                    candle_core::bail!("gemv: a folded product needs the tensor-core path")
                 }
-            }
+                Fold::Norm { eps }
+                    if dims == [inp]
+                        && aux.len() == inp
+                        && inp * std::mem::size_of::<T>() <= NORM_WEIGHT_SMEM =>
+                {
+                    ("norm_", Some(aux), eps)
+                }
+                Fold::Resid if !self.silu_gate && dims == [rows, out] => ("resid_", Some(aux), 0.0),
+                _ => candle_core::bail!(
+                    "gemv: folded input {dims:?} does not fit {fold:?} for x {xd:?}, w {wd:?}"
+                ),
+            },
         };
         // SAFETY: written in full by either kernel.
         let y = unsafe { dev.alloc::<T>(rows * out)? };
@@ -325,15 +320,19 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
 /// `w: [2 inter, in]`: [`gemv_applies`], on the tensor-core path (bf16 / f16, `in` a
 /// multiple of 32) with `inter` a multiple of 8.
 pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
+    tensor_core_applies(x, w) && w.dims()[0] % 16 == 0 && knobs().silu_gate
+}
+
+/// [`gemv_applies`] on the tensor-core path: bf16 / f16, `in` a multiple of 32, not switched
+/// off (`Gemv::launch` picks the same path).
+fn tensor_core_applies(x: &Tensor, w: &Tensor) -> bool {
     gemv_applies(x, w)
         && matches!(
             w.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16
         )
         && w.dims()[1] % 32 == 0
-        && w.dims()[0] % 16 == 0
         && tensor_core_gemv()
-        && knobs().silu_gate
 }
 
 /// Whether a step over the residual stream `x: [rows, hidden]` takes the folded products
@@ -359,13 +358,7 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
     let products = if silu_gate {
         silu_gate_applies(x, w)
     } else {
-        gemv_applies(x, w)
-            && matches!(
-                w.dtype(),
-                candle_core::DType::BF16 | candle_core::DType::F16
-            )
-            && w.dims()[1] % 32 == 0
-            && tensor_core_gemv()
+        tensor_core_applies(x, w)
     };
     let vector = 16 / aux.dtype().size_in_bytes().max(1);
     let fits = if norm {
