@@ -2,7 +2,8 @@
 //! reading the position from the device) compute what ordinary steps compute: a greedy
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
 //! new recordings), with a verification block of 5 tokens every 50 steps and a speculation
-//! that rolls back, with graphs on and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
+//! that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
+//! read back and uploaded), with graphs on and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
 //! shipped draft (full attention: what a graph step covers) and the shipped target (sliding
 //! layers: always the ordinary path, which switching must not disturb). On the CPU both
 //! runs take the ordinary path; the GPU pass runs the comparison for real.
@@ -10,6 +11,7 @@
 //! Its own test binary with one test: recording captures the device's whole stream, so no
 //! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
 use candle_core::Tensor;
+use specdec::nn::DeviceTokens;
 
 #[path = "common/decode.rs"]
 mod decode;
@@ -52,6 +54,38 @@ fn graph_steps_equal_ordinary_steps() {
                     model.forward_last(&[next], spec.cache()).unwrap();
                 }
             }
+            // A greedy chain of 8 steps from here, each fed the argmax of the step before
+            // where it lies on the device (as greedy drafting feeds it), in a speculation
+            // that rolls back; then the same chain with every argmax read back and uploaded:
+            // the same kernels, so bitwise the same logits.
+            let chain = |c: &mut specdec::cache::ModelCache, on_device: bool| -> Vec<Tensor> {
+                let mut spec = c.speculate().unwrap();
+                let mut last = logits.clone();
+                let mut out = Vec::new();
+                for _ in 0..8 {
+                    let next = DeviceTokens::argmax(&last).unwrap();
+                    last = if on_device {
+                        model.forward_last_device(&next, spec.cache()).unwrap()
+                    } else {
+                        model
+                            .forward_last(&next.to_vec().unwrap(), spec.cache())
+                            .unwrap()
+                    };
+                    out.push(last.clone());
+                }
+                out
+            };
+            let fed = chain(&mut c, true);
+            let uploaded = chain(&mut c, false);
+            for (i, (a, b)) in fed.iter().zip(&uploaded).enumerate() {
+                let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+                assert_eq!(
+                    a.to_vec1::<f32>().unwrap(),
+                    b.to_vec1::<f32>().unwrap(),
+                    "{name} (graphs {graphs}): chain step {i} fed on the device differs"
+                );
+            }
+            rows.extend(fed);
             (greedy, rows)
         };
         let (with, with_rows) = run(true);

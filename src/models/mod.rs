@@ -20,7 +20,7 @@ pub use config::HfConfig;
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
-use crate::nn::{Decoder, DecoderSpec, LayerKind, Weights};
+use crate::nn::{Decoder, DecoderSpec, DeviceTokens, LayerKind, Weights};
 
 /// `model_type` values [`Model::load`] accepts.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
@@ -181,6 +181,20 @@ impl Model {
         }
     }
 
+    /// [`Model::forward_last`] over ids a previous step left on the device (a greedy draft's
+    /// last token), not read back.
+    pub fn forward_last_device(
+        &self,
+        ids: &DeviceTokens,
+        cache: &mut ModelCache,
+    ) -> Result<Tensor> {
+        if self.device.is_cpu() {
+            crate::nn::on_cpu_pool(|| self.decoder.forward_last_device(ids, cache))
+        } else {
+            self.decoder.forward_last_device(ids, cache)
+        }
+    }
+
     /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
     /// `RotatingKvCache::new(window, strategy)` per sliding one.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
@@ -205,6 +219,10 @@ impl crate::speculative::LanguageModel for Model {
 
     fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
         Model::forward_last(self, tokens, cache)
+    }
+
+    fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        Model::forward_last_device(self, ids, cache)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

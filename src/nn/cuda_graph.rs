@@ -14,6 +14,7 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph, DevicePt
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Storage, Tensor};
 
+use super::tokens::StepIds;
 use crate::error::{Error, Result};
 
 /// One recorded step.
@@ -76,8 +77,26 @@ fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// Writes the step's input into a recording's `io` buffer (`[t + 1]` u32), on the device's
+/// stream: the ids (uploaded, or copied on the device from where the step before left them),
+/// then the cache length.
+fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, len: u32) -> Result<()> {
+    let t = ids.len();
+    match ids {
+        StepIds::Host(tokens) => {
+            let mut data = tokens.to_vec();
+            data.push(len);
+            write_u32(dev, io, &data)
+        }
+        StepIds::Device(d) => {
+            io.slice_set(d.ids(), 0, 0)?;
+            write_u32(dev, &io.narrow(0, t, 1)?, &[len])
+        }
+    }
+}
+
 impl Graphs {
-    /// Runs one step of `tokens.len()` tokens that leaves the cache `len` long, replaying
+    /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying
     /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
     /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
     /// returns the logits. The first call for a key runs `step` eagerly (that is this
@@ -88,7 +107,7 @@ impl Graphs {
         dev: &CudaDevice,
         slot: usize,
         key: Vec<u64>,
-        tokens: &[u32],
+        ids: StepIds,
         len: u32,
         step: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
@@ -96,9 +115,7 @@ impl Graphs {
         if inner.disabled {
             return Ok(None);
         }
-        let t = tokens.len();
-        let mut data = tokens.to_vec();
-        data.push(len);
+        let t = ids.len();
         if let Some(i) = inner
             .recordings
             .iter()
@@ -108,7 +125,7 @@ impl Graphs {
             let hit = inner.recordings.remove(i);
             inner.recordings.push(hit);
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
-            write_u32(dev, &rec.io, &data)?;
+            write_io(dev, &rec.io, ids, len)?;
             rec.graph
                 .launch()
                 .map_err(|e| Error::invalid(format!("CUDA graph launch failed: {e}")))?;
@@ -122,7 +139,7 @@ impl Graphs {
         }
         let device = candle_core::Device::Cuda(dev.clone());
         let io = Tensor::zeros(t + 1, DType::U32, &device)?;
-        write_u32(dev, &io, &data)?;
+        write_io(dev, &io, ids, len)?;
         let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, 1)?);
         // Kernel parameters that candle uploads per launch (shapes and strides of strided
         // operands) come from a cache filled by the eager run, so the recording reads them

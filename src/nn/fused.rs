@@ -252,15 +252,19 @@ pub fn add_rmsnorm(
 /// of the largest value on ties. On CUDA (f32) a one-block-per-row kernel, elsewhere candle's
 /// argmax.
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(argmax_on_device(logits)?.to_vec1::<u32>()?)
+}
+
+/// [`argmax_rows`] left on logits' device: `[rows]` u32.
+pub(crate) fn argmax_on_device(logits: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype() == candle_core::DType::F32
     {
-        let best = logits
+        return Ok(logits
             .contiguous()?
-            .apply_op1_no_bwd(&super::cuda::ArgmaxRows)?;
-        return Ok(best.to_vec1::<u32>()?);
+            .apply_op1_no_bwd(&super::cuda::ArgmaxRows)?);
     }
-    Ok(logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?)
+    Ok(logits.argmax(candle_core::D::Minus1)?)
 }
 
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with

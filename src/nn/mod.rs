@@ -16,6 +16,7 @@ pub mod profile;
 mod rope;
 mod skinny;
 mod threads;
+mod tokens;
 mod transformer;
 mod weights;
 
@@ -27,5 +28,6 @@ pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
+pub use tokens::DeviceTokens;
 pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout, GRAPH_MAX_ROWS};
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use super::attention::AttnInput;
+use super::tokens::{DeviceTokens, StepIds};
 use super::{
     fused, profile, Activation, Attention, AttentionParts, GatedMlp, HeadShape, Linear, RmsNorm,
     Rope, RopeSpec, Weights,
@@ -456,28 +457,38 @@ impl Decoder {
     /// Logits `[tokens.len(), vocab]` (f32) for every position; positions start at
     /// `cache.offset()` and every layer's cache grows by `tokens.len()`.
     pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        self.forward_rows(tokens, cache, false)
+        self.forward_rows(StepIds::Host(tokens), cache, false)
     }
 
     /// Like [`Self::forward`], but only the last position's logits: `[1, vocab_size]`. The
     /// final norm and LM head run on one row (a prefill of `n` tokens skips `n − 1` rows of
     /// `hidden × vocab` products).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        self.forward_rows(tokens, cache, true)
+        self.forward_rows(StepIds::Host(tokens), cache, true)
     }
 
-    fn forward_rows(&self, tokens: &[u32], cache: &mut ModelCache, last: bool) -> Result<Tensor> {
-        self.check_input(tokens, cache)?;
+    /// [`Self::forward_last`] over ids a previous step left on the device (a greedy draft's
+    /// last token): nothing is read back, so the device can run such steps back to back.
+    pub fn forward_last_device(
+        &self,
+        ids: &DeviceTokens,
+        cache: &mut ModelCache,
+    ) -> Result<Tensor> {
+        self.forward_rows(StepIds::Device(ids), cache, true)
+    }
+
+    fn forward_rows(&self, ids: StepIds, cache: &mut ModelCache, last: bool) -> Result<Tensor> {
+        self.check_input(ids, cache)?;
         let offset = cache.offset();
         // A failure part-way leaves some layers appended: the cache rewinds them all to
         // `offset` or poisons itself, never keeping layers at different offsets.
-        self.forward_unguarded(tokens, cache, last)
+        self.forward_unguarded(ids, cache, last)
             .inspect_err(|_| cache.recover_failed_forward(offset))
     }
 
     fn forward_unguarded(
         &self,
-        tokens: &[u32],
+        tokens: StepIds,
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<Tensor> {
@@ -487,7 +498,7 @@ impl Decoder {
         }
         let offset = cache.offset();
         profile::start(&self.embed)?;
-        let ids = Tensor::new(tokens, self.embed.device())?;
+        let ids = tokens.tensor(self.embed.device())?;
         let mut x = self.embed.index_select(&ids, 0)?; // [t, hidden]
         if let Some(scale) = self.embed_scale {
             x = (x * scale)?;
@@ -536,7 +547,7 @@ impl Decoder {
     #[cfg(feature = "cuda")]
     fn forward_graphed(
         &self,
-        tokens: &[u32],
+        tokens: StepIds,
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<Option<Tensor>> {
@@ -576,16 +587,30 @@ impl Decoder {
         Ok(logits)
     }
 
-    /// Refuses empty input, out-of-vocabulary ids and caches built for another layout.
-    fn check_input(&self, tokens: &[u32], cache: &ModelCache) -> Result<()> {
-        if tokens.is_empty() {
+    /// Refuses empty input, out-of-vocabulary ids (device ids by their bound, unread) and
+    /// caches built for another layout.
+    fn check_input(&self, ids: StepIds, cache: &ModelCache) -> Result<()> {
+        if ids.len() == 0 {
             return Err(Error::invalid("forward of an empty token sequence"));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return Err(Error::invalid(format!(
-                "token id {bad} is outside the vocabulary of {} ids",
-                self.vocab_size
-            )));
+        match ids {
+            StepIds::Host(tokens) => {
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+                    return Err(Error::invalid(format!(
+                        "token id {bad} is outside the vocabulary of {} ids",
+                        self.vocab_size
+                    )));
+                }
+            }
+            StepIds::Device(d) => {
+                if d.bound() > self.vocab_size {
+                    return Err(Error::invalid(format!(
+                        "device token ids below {} may lie outside the vocabulary of {} ids",
+                        d.bound(),
+                        self.vocab_size
+                    )));
+                }
+            }
         }
         if cache.num_layers() != self.kinds.len() {
             return Err(Error::invalid(format!(

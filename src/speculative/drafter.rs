@@ -10,6 +10,7 @@ use super::tree::{ChainTree, TreeDraft, TreeShape};
 use super::LanguageModel;
 use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
+use crate::nn::DeviceTokens;
 
 /// A proposal of draft tokens. It may hold tentative drafter state (a draft model's cache
 /// transaction), so it borrows the drafter until [`Draft::finish`] consumes it.
@@ -148,6 +149,39 @@ impl<M: LanguageModel> ModelDrafter<M> {
     }
 }
 
+impl<M: LanguageModel> ModelDrafter<M> {
+    /// Greedy drafting without a confidence threshold: each draft is the argmax of the step
+    /// before, which the next step takes where it lies on the device, and the `max` drafts
+    /// are read back together at the end: one device → host round trip per draft, not one
+    /// per token, so a GPU runs the draft's forwards back to back. The same tokens as
+    /// reading each argmax back (the same argmax, see [`crate::nn::argmax_rows`]).
+    fn propose_greedy<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        let logits = self.sync(context)?;
+        let mut drafts = vec![DeviceTokens::argmax(&logits)?];
+        let (cache, held) = self.seq.parts();
+        let mut spec = cache.speculate()?;
+        // Every draft but the last is fed (the last one's K/V come with the next context).
+        while drafts.len() < max {
+            let logits = self
+                .model
+                .forward_last_device(&drafts[drafts.len() - 1], spec.cache())?;
+            self.forwards += 1;
+            drafts.push(DeviceTokens::argmax(&logits)?);
+        }
+        let tokens = DeviceTokens::cat(&drafts)?.to_vec()?;
+        Ok(Box::new(ModelDraft {
+            spec,
+            held,
+            tokens,
+            probs: None,
+        }))
+    }
+}
+
 /// The draft's next-token distribution at one position, before a token is drawn from it.
 enum NextDist {
     /// Greedy drafting: the argmax (its `q` is one-hot).
@@ -269,6 +303,9 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
     ) -> Result<Box<dyn Draft + 'a>> {
         if max == 0 || context.is_empty() {
             return Ok(Box::new(FixedDraft(Vec::new())));
+        }
+        if sampling.is_greedy() && self.confidence.is_none() {
+            return self.propose_greedy(context, max);
         }
         let logits = self.sync(context)?;
         let mut tokens = Vec::with_capacity(max);

@@ -42,6 +42,7 @@ pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::Result;
+use crate::nn::DeviceTokens;
 
 /// What the engine needs of a model: weights behind `&self`, per-sequence state in the cache.
 pub trait LanguageModel {
@@ -53,6 +54,12 @@ pub trait LanguageModel {
     fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
         let logits = self.forward(tokens, cache)?;
         Ok(logits.narrow(0, logits.dim(0)? - 1, 1)?)
+    }
+    /// [`Self::forward_last`] over ids left on the device by a previous step (greedy
+    /// drafting feeds each draft to the next step this way, reading back once per draft).
+    /// The default reads them back; models take them where they are.
+    fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        self.forward_last(&ids.to_vec()?, cache)
     }
     /// Empty caches for one sequence, rotating layers using `strategy`.
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache>;

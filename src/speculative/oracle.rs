@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use candle_core::Tensor;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -20,6 +19,7 @@ use super::sampling::SamplingParams;
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
 use crate::error::{Error, Result};
+use crate::nn::DeviceTokens;
 
 /// Greedy continuations by prompt, shared by every oracle over the same target so each
 /// prompt's reference pass runs once per run.
@@ -191,20 +191,20 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         if cache.offset() >= context.len() {
             cache.reset();
         }
-        // Each forward's argmax is read back as a greedy draft model's is: the step then
-        // waits for the draft's device work, as a real drafter's does, so that work is
-        // booked as drafting rather than left queued ahead of the verification.
-        let read_back = |logits: Tensor| -> Result<()> {
-            crate::nn::argmax_rows(&logits)?;
-            Ok(())
-        };
-        read_back(model.forward_last(&context[cache.offset()..], cache)?)?;
+        // Each forward's argmax is taken on the device as a greedy draft model's is
+        // ([`super::ModelDrafter`] feeds it to the next step there), and the last one is read
+        // back: the proposal then waits for the draft's device work, as a real drafter's
+        // does, so that work is booked as drafting rather than left queued ahead of the
+        // verification.
+        let mut last =
+            DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
         self.forwards += 1;
         let mut spec = cache.speculate()?;
         for &t in &tokens[..tokens.len() - 1] {
-            read_back(model.forward_last(&[t], spec.cache())?)?;
+            last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
             self.forwards += 1;
         }
+        last.to_vec()?;
         Ok(Box::new(CostDraft { spec, tokens }))
     }
 
