@@ -329,7 +329,9 @@ def tps(runs):
 
 
 def spec_terms(runs, ar_runs):
-    """tau, per-step draft/verify seconds from exp's records; v against AR seconds per step."""
+    """tau, v and c from exp's records: v = seconds per verification / seconds per AR step;
+    c = drafting seconds per draft forward / seconds per AR step (the drafter's own cost as
+    it drafts: greedy drafts chained on the device, one read-back per proposal)."""
     recs = [x["record"] for x in runs]
     tokens = sum(len(r["output_ids"]) for r in recs)
     verifies = sum(r["target_forwards"] - 1 for r in recs)
@@ -337,7 +339,10 @@ def spec_terms(runs, ar_runs):
     ar_step = sum(r["verify_s"] for r in ar) / sum(r["target_forwards"] - 1 for r in ar)
     v = sum(r["verify_s"] for r in recs) / verifies / ar_step
     tau = (tokens - len(recs)) / verifies  # the prefill's token is not from a verification
-    return tau, v
+    # Less one forward per generation: the drafter's pass over the prompt (booked as prefill).
+    forwards = sum(r.get("draft_forwards", 0) for r in recs) - len(recs)
+    c = sum(r["draft_s"] for r in recs) / forwards / ar_step if forwards > 0 else None
+    return tau, v, c
 
 
 def summarize(args, torch, prompts, ids, target, draft, rounds):
@@ -352,16 +357,17 @@ def summarize(args, torch, prompts, ids, target, draft, rounds):
         rows[m] = {"tps": per_round, "median": statistics.median(per_round),
                    "identical_prompts": identical, "rounds_all_identical": same}
     ar_key = "specdec_ar"
-    c = None
+    # The draft model's decode step (read back each) over the target's: c of plain decoding.
+    c_ar = None
     if "draft_model_ar" in rows:
-        c = rows[ar_key]["median"] / rows["draft_model_ar"]["median"]
+        c_ar = rows[ar_key]["median"] / rows["draft_model_ar"]["median"]
     for m in methods:
         if not m.startswith("specdec_") or m == ar_key:
             continue
         paired = [tps(r["runs"][m]) / tps(r["runs"][ar_key]) for r in rounds]
-        tau, v = spec_terms(rounds[-1]["runs"][m], rounds[-1]["runs"][ar_key])
+        tau, v, c = spec_terms(rounds[-1]["runs"][m], rounds[-1]["runs"][ar_key])
         row = rows[m]
-        row.update(paired=paired, speedup=statistics.median(paired), tau=tau, v=v)
+        row.update(paired=paired, speedup=statistics.median(paired), tau=tau, v=v, c=c)
         recs = [x["record"] for x in rounds[-1]["runs"][m]]
         row["gamma"] = g = recs[0]["gamma"]
         if m.startswith("specdec_oracle") and c is not None:
@@ -374,7 +380,7 @@ def summarize(args, torch, prompts, ids, target, draft, rounds):
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__, "case": args.case,
         "dtype": args.dtype, "rounds": args.rounds, "prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens, "c": c,
+        "max_new_tokens": args.max_new_tokens, "c_draft_ar": c_ar,
         "prompt_tokens": [len(p) for p in ids],
         "command": "python3 scripts/bench_gpu.py " + " ".join(sys.argv[1:]),
     }
@@ -404,13 +410,13 @@ def markdown(info, rows):
     lines = [f"# GPU benchmark: {info['case']} ({info['dtype']})", ""]
     lines += [f"* {k}: {v}" for k, v in info.items()]
     lines += ["", "| method | tok/s median (min-max) | identical ids (prompts per round) | "
-              "speedup vs specdec AR (paired median) | tau | v | predicted: Leviathan (v = 1) | "
-              "predicted: tau/(g c + v) |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+              "speedup vs specdec AR (paired median) | tau | v | c | predicted: Leviathan (v = 1) | "
+              "predicted: tau/(g c + v) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for m, r in rows.items():
-        fmt = lambda k: f"{r[k]:.2f}" if k in r else ""
+        fmt = lambda k: f"{r[k]:.2f}" if r.get(k) is not None else ""
         lines.append(
             f"| {m} | {r['median']:.1f} ({min(r['tps']):.1f}-{max(r['tps']):.1f}) | "
-            f"{r['identical_prompts']} | {fmt('speedup')} | {fmt('tau')} | {fmt('v')} | "
+            f"{r['identical_prompts']} | {fmt('speedup')} | {fmt('tau')} | {fmt('v')} | {fmt('c')} | "
             f"{fmt('leviathan')} | {fmt('time_accounting')} |")
     return "\n".join(lines) + "\n"
 

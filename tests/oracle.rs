@@ -108,10 +108,10 @@ fn greedy_output_equals_autoregressive_with_and_without_a_cost_model() {
                     run_ar(&target, &prompt(s), &p),
                     "γ {gamma}, cost model {with_cost}, prompt {s}"
                 );
-                // One draft-model forward per proposal (the first also feeds the committed
-                // tokens), none without a cost model.
+                // One draft-model forward over the prompt (booked as prefill, as a draft
+                // model's) and one per proposal, none without a cost model.
                 let proposed: usize = record.proposed.iter().sum();
-                let expected = if with_cost { proposed } else { 0 };
+                let expected = if with_cost { 1 + proposed } else { 0 };
                 assert_eq!(record.draft_forwards, expected, "γ {gamma}, prompt {s}");
             }
         }

@@ -158,6 +158,19 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         Ok(())
     }
 
+    /// Runs the cost model over the prompt, as a draft model's prefill (booked as prefill).
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        if let (Some((model, cache)), false) = (self.cost.as_mut(), prompt.is_empty()) {
+            cache.reset();
+            // In pieces, as a draft model's prefill (activations bounded by the piece).
+            for piece in prompt.chunks(crate::nn::PREFILL_CHUNK) {
+                crate::nn::argmax_rows(&model.forward_last(piece, cache)?)?;
+                self.forwards += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn reset(&mut self) -> Result<()> {
         if let Some((_, cache)) = self.cost.as_mut() {
             cache.reset();
