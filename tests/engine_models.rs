@@ -2,7 +2,8 @@
 //! sliding window of 64 → rotating caches; `models/draft`: Llama architecture, full
 //! attention): greedy speculative output equals greedy autoregressive output token for token
 //! for every drafter, γ ∈ {1, 2, 4, 8} and rotating strategy, generating far past the window;
-//! and the trained draft is useful.
+//! the trained draft is useful; and its greedy drafts chained on the device are the drafts
+//! read back step by step.
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,4 +99,44 @@ fn greedy_speculative_equals_autoregressive_on_the_trained_pair() {
 #[test]
 fn the_shipped_pair_shares_a_vocabulary() {
     assert_eq!(load("target").vocab_size(), load("draft").vocab_size());
+}
+
+/// Greedy drafting chained on the device (no confidence threshold) proposes exactly the
+/// drafts of the path that reads each argmax back (a threshold of 0, which never stops a
+/// chain): the same accepted count at every step. Output equality alone would not show it,
+/// as verification corrects any draft.
+#[test]
+fn drafts_chained_on_the_device_equal_drafts_read_back_each_step() {
+    let target = load("target");
+    let draft = Arc::new(load("draft"));
+    let p = prompt("import os\n\n\ndef ");
+    let strategy = RotatingStrategy::Slack { max_draft: 8 };
+    for gamma in [2, 4, 8] {
+        let run = |confidence: Option<f32>| {
+            let mut cache = target.new_cache(strategy).unwrap();
+            let mut drafter =
+                ModelDrafter::new("draft", draft.clone(), strategy, confidence).unwrap();
+            let mut rng = StdRng::seed_from_u64(0);
+            speculative(
+                &target,
+                &mut cache,
+                &mut drafter,
+                &p,
+                &greedy(96, gamma),
+                &mut rng,
+            )
+            .unwrap()
+        };
+        let (chained, read_back) = (run(None), run(Some(0.0)));
+        assert_eq!(chained.output_ids, read_back.output_ids, "γ={gamma}");
+        assert_eq!(chained.proposed, read_back.proposed, "γ={gamma}: proposals");
+        assert_eq!(
+            chained.accepted, read_back.accepted,
+            "γ={gamma}: accepted per step"
+        );
+        assert!(
+            chained.accepted.iter().sum::<usize>() > 0,
+            "γ={gamma}: the trained draft had nothing accepted"
+        );
+    }
 }

@@ -147,12 +147,10 @@ impl<M: LanguageModel> ModelDrafter<M> {
         self.seq.set_store(store, checkpoint_every);
         self
     }
-}
 
-impl<M: LanguageModel> ModelDrafter<M> {
     /// Greedy drafting without a confidence threshold: each draft is the argmax of the step
     /// before, which the next step takes where it lies on the device, and the `max` drafts
-    /// are read back together at the end: one device → host round trip per draft, not one
+    /// are read back together at the end: one device → host round trip per proposal, not one
     /// per token, so a GPU runs the draft's forwards back to back. The same tokens as
     /// reading each argmax back (the same argmax, see [`crate::nn::argmax_rows`]).
     fn propose_greedy<'a>(

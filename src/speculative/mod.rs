@@ -56,7 +56,7 @@ pub trait LanguageModel {
         Ok(logits.narrow(0, logits.dim(0)? - 1, 1)?)
     }
     /// [`Self::forward_last`] over ids left on the device by a previous step (greedy
-    /// drafting feeds each draft to the next step this way, reading back once per draft).
+    /// drafting feeds each draft to the next step this way, reading back once per proposal).
     /// The default reads them back; models take them where they are.
     fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         self.forward_last(&ids.to_vec()?, cache)
