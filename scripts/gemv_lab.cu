@@ -227,7 +227,8 @@ void step(const Cfg &c, Model &m) {
                (const bf *)(m.qkv + att + s.kv * s.d), (long)qkv_out, (const bf *)m.cos, (const bf *)m.sin, m.qo, L.kc, L.vc, (long)s.cap * s.d, (const unsigned *)m.len, 1, s.heads, s.d, ps);
       else
         launch(rope_store_bf16, dim3(1, s.heads + s.kv), s.d / 2, (const bf *)m.qkv, (long)qkv_out, (const bf *)(m.qkv + att), (long)qkv_out,
-               (const bf *)(m.qkv + att + s.kv * s.d), (long)qkv_out, (const bf *)m.cos, (const bf *)m.sin, m.qo, L.kc, L.vc, (long)s.cap * s.d, (const unsigned *)m.len, 1, s.heads, s.d);
+               (const bf *)(m.qkv + att + s.kv * s.d), (long)qkv_out, (const bf *)m.cos, (const bf *)m.sin, m.qo, L.kc, L.vc, (long)s.cap * s.d, (const unsigned *)m.len, 1, s.heads, s.d,
+               (const char *)nullptr, 0L, (const char *)nullptr, 0L);
     }
     if (c.pf == PF_K_ATTN) launch(l2_prefetch, pg, pb, ps);
     if (c.parts & ATTN) {

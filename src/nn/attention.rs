@@ -178,7 +178,8 @@ impl Attention {
     /// newest positions of a full-attention layer, but the position comes from the device
     /// (`len: [1]` u32, the cache length after the step) and the K/V are written straight
     /// into the cache buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room
-    /// and does the cache's bookkeeping).
+    /// and does the cache's bookkeeping). `prefetch`: the gate/up weight of the MLP after
+    /// this attention, whose first rows RoPE's kernel prefetches into the L2.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
@@ -186,6 +187,7 @@ impl Attention {
         k_buf: &Tensor,
         v_buf: &Tensor,
         len: &Tensor,
+        prefetch: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.project(input)?;
         let capacity = k_buf.dim(2)?;
@@ -196,14 +198,15 @@ impl Attention {
             k_cache: k_buf.clone(),
             v_cache: v_buf.clone(),
             len: len.clone(),
+            prefetch: prefetch.cloned(),
         };
-        let q = q.apply_op3_no_bwd(&k, &v, &op)?; // [1, heads, t, d]
+        let q = super::fused::made(q.apply_op3_no_bwd(&k, &v, &op)?); // [1, heads, t, d]
         let op = super::cuda::SplitAttention {
             window: None,
             softcap: self.softcap,
             len: Some((len.clone(), capacity)),
         };
-        let out = q.apply_op3_no_bwd(k_buf, v_buf, &op)?; // [t, heads * d]
+        let out = super::fused::made(q.apply_op3_no_bwd(k_buf, v_buf, &op)?); // [t, heads * d]
         self.output(&out, input)
     }
 

@@ -10,12 +10,43 @@
 //! caller keys the recording on their identities and a changed key records anew.
 use std::sync::Mutex;
 
-use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph, DevicePtr};
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaStream, DevicePtr};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Storage, Tensor};
 
+use super::graph_rewire::{self, Census};
 use super::tokens::StepIds;
 use crate::error::{Error, Result};
+
+/// An instantiated graph and the captured graph it came from.
+struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    stream: Arc<CudaStream>,
+    census: Census,
+}
+
+impl Graph {
+    fn launch(&self) -> Result<()> {
+        // SAFETY: `exec` is a live executable graph of the stream's context.
+        unsafe { sys::cuGraphLaunch(self.exec, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| Error::invalid(format!("CUDA graph launch failed: {e}")))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both handles are owned by this value and destroyed once; errors at
+        // teardown have nowhere to go.
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
 
 /// One recorded step.
 struct Recording {
@@ -25,7 +56,7 @@ struct Recording {
     io: Tensor,
     /// The step's logits, written by every replay.
     out: Tensor,
-    graph: CudaGraph,
+    graph: Graph,
 }
 
 // SAFETY: a `CudaGraph` is a handle to driver objects of one context; the driver API is
@@ -126,9 +157,7 @@ impl Graphs {
             inner.recordings.push(hit);
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
             write_io(dev, &rec.io, ids, len)?;
-            rec.graph
-                .launch()
-                .map_err(|e| Error::invalid(format!("CUDA graph launch failed: {e}")))?;
+            rec.graph.launch()?;
             // A copy: the next replay overwrites `out`.
             return Ok(Some(rec.out.copy()?));
         }
@@ -152,15 +181,20 @@ impl Graphs {
             out.slice_set(&logits, 0, 0)?;
             Ok(())
         }) {
-            Ok(graph) => inner.recordings.push((
-                slot,
-                Recording {
-                    key,
-                    io,
-                    out,
-                    graph,
-                },
-            )),
+            Ok(graph) => {
+                if std::env::var("SPECDEC_GRAPH_CENSUS").is_ok_and(|v| v == "1") {
+                    eprintln!("graph of {t} rows: {:?}", graph.census);
+                }
+                inner.recordings.push((
+                    slot,
+                    Recording {
+                        key,
+                        io,
+                        out,
+                        graph,
+                    },
+                ))
+            }
             Err(e) => {
                 eprintln!("warning: CUDA graph recording failed, decoding without graphs: {e}");
                 inner.disabled = true;
@@ -170,25 +204,68 @@ impl Graphs {
     }
 }
 
-/// Records the device work `f` queues on `dev`'s stream as a graph (nothing runs).
-fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+/// Records the device work `f` queues on `dev`'s stream as a graph (nothing runs), its
+/// tensors kept to the end of the capture and its edges rewired for programmatic dependent
+/// launch ([`graph_rewire`]).
+fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
     let stream = dev.cuda_stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| Error::invalid(format!("begin capture: {e}")))?;
+    graph_rewire::begin();
     let body = f();
+    // The kept tensors are freed here, inside the capture: after every kernel.
+    let pdl = graph_rewire::finish();
     // End the capture whatever happened, or the stream stays unusable.
-    let graph = stream.end_capture(
-        sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-    );
-    body?;
-    match graph {
-        Ok(Some(g)) => {
-            g.upload()
-                .map_err(|e| Error::invalid(format!("graph upload: {e}")))?;
-            Ok(g)
+    // SAFETY: the stream is capturing (begun above).
+    let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
+    let graph = match (body, graph) {
+        (Ok(()), Ok(g)) if !g.is_null() => g,
+        (body, graph) => {
+            if let Ok(g) = graph {
+                if !g.is_null() {
+                    // SAFETY: a graph returned by the capture, owned here.
+                    unsafe { sys::cuGraphDestroy(g) };
+                }
+            }
+            body?;
+            return Err(match graph {
+                Ok(_) => Error::invalid("capture recorded nothing"),
+                Err(e) => Error::invalid(format!("end capture: {e}")),
+            });
         }
-        Ok(None) => Err(Error::invalid("capture recorded nothing")),
-        Err(e) => Err(Error::invalid(format!("end capture: {e}"))),
+    };
+    // SAFETY: `graph` is owned here and not yet instantiated.
+    let census = match &pdl {
+        Some(pdl) => unsafe { graph_rewire::rewire(graph, pdl) },
+        None => Ok(Census::default()),
+    };
+    let census = match census {
+        Ok(c) => c,
+        Err(e) => {
+            // SAFETY: as above.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+    };
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    let flags =
+        u64::from(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0);
+    // SAFETY: out-pointer to a local; `graph` is valid.
+    if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags) }.result() {
+        // SAFETY: as above.
+        unsafe { sys::cuGraphDestroy(graph) };
+        return Err(Error::invalid(format!("graph instantiation: {e}")));
     }
+    let graph = Graph {
+        graph,
+        exec,
+        stream: stream.clone(),
+        census,
+    };
+    // SAFETY: `exec` is live; uploading it ahead spares the first replay the setup.
+    unsafe { sys::cuGraphUpload(graph.exec, stream.cu_stream()) }
+        .result()
+        .map_err(|e| Error::invalid(format!("graph upload: {e}")))?;
+    Ok(graph)
 }

@@ -22,10 +22,18 @@ pub fn split_attention(
             softcap,
             len: None,
         };
-        return Ok(Some(q.apply_op3_no_bwd(k, v, &op)?));
+        return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }
     let _ = (q, k, v, window, softcap);
     Ok(None)
+}
+
+/// `t`, a tensor one of our CUDA ops just made, kept alive while a graph records (its free
+/// then lands after every kernel of the step: see `graph_rewire`).
+#[cfg(feature = "cuda")]
+pub(crate) fn made(t: Tensor) -> Tensor {
+    super::graph_rewire::keep(&t);
+    t
 }
 
 /// Attention of a long block of queries `q: [1, h, t, d]` that are the newest positions of
@@ -124,10 +132,10 @@ pub fn causal_softmax_in_place(
 pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::gemv_applies(x, w) {
-        return Ok(Some(
+        return Ok(Some(made(
             x.contiguous()?
                 .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: false })?,
-        ));
+        )));
     }
     let _ = (x, w);
     Ok(None)
@@ -183,7 +191,7 @@ pub fn folded_gemv(
         let x = x.contiguous()?;
         if fold_applies(&x, w, aux, silu_gate, norm) {
             let op = FoldedGemv { silu_gate, fold };
-            return Ok(Some(x.apply_op3_no_bwd(w, aux, &op)?));
+            return Ok(Some(made(x.apply_op3_no_bwd(w, aux, &op)?)));
         }
         Ok(None)
     }
@@ -201,10 +209,10 @@ pub fn folded_gemv(
 pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::silu_gate_applies(x, w) {
-        return Ok(Some(
+        return Ok(Some(made(
             x.contiguous()?
                 .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: true })?,
-        ));
+        )));
     }
     let _ = (x, w);
     Ok(None)

@@ -49,6 +49,12 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
+    /// The fused gate/up weight `[2 * intermediate, hidden]` (gate rows, then up rows).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gate_up_weight(&self) -> &Tensor {
+        self.gate_up.weight()
+    }
+
     /// From `gate_up` (`[2 * intermediate, hidden]`: the gate rows, then the up rows) and
     /// `down`.
     pub fn new(gate_up: Linear, down: Linear, act: Activation) -> Result<Self> {

@@ -10,6 +10,8 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_graph;
 mod fused;
+#[cfg(feature = "cuda")]
+mod graph_rewire;
 mod linear;
 mod mlp;
 pub mod profile;

@@ -570,14 +570,16 @@ impl Decoder {
         // One recording per block length and output kind.
         let slot = 2 * t + usize::from(last && t > 1);
         let logits = self.graphs.run(dev, slot, key, tokens, len, |ids, len| {
-            let mut x = self.embed.index_select(ids, 0)?;
+            let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
             }
             let mut input = Input::Embedded(x);
             for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                input = block
-                    .forward_with(input, |attn, input| attn.forward_in_place(input, k, v, len))?;
+                let gate_up = block.mlp.gate_up_weight();
+                input = block.forward_with(input, |attn, input| {
+                    attn.forward_in_place(input, k, v, len, Some(gate_up))
+                })?;
             }
             self.head(input, last && t > 1)
         })?;

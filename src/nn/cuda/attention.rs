@@ -383,6 +383,26 @@ pub struct RopeStore {
     pub v_cache: Tensor,
     /// `[1]` u32: the cache length after the step.
     pub len: Tensor,
+    /// The gate/up weight `[2 * inter, hidden]` (gate rows, then up rows) of the MLP after
+    /// this attention: the kernel's prologue prefetches the first rows of each half into the
+    /// L2 (see [`prefetch_bytes`]), which the gate/up GEMV's first blocks read.
+    pub prefetch: Option<Tensor>,
+}
+
+/// Bytes of the gate/up weight that RoPE's prologue prefetches into the L2, half from the
+/// gate rows, half from the up rows: `SPECDEC_L2_PREFETCH_MB` (default 8; 0 turns it off).
+/// Measured in the lab bench (docs/gpu-decode-2026-11-25.md): 8 MB at evict-last priority
+/// took 3.5% off a 1B-shaped decode step and left an 8B-shaped one unchanged; 16 MB was too
+/// much for the 1B shape.
+fn prefetch_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let mb = std::env::var("SPECDEC_L2_PREFETCH_MB")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(8.0);
+        (mb.max(0.0) * 1e6) as usize
+    })
 }
 
 impl RopeStore {
@@ -444,6 +464,20 @@ impl RopeStore {
             view::<T>(&guards[3], "v cache")?,
         );
         let len = view::<u32>(&len_guard, "len")?;
+        let pf_guard = self.prefetch.as_ref().map(|w| w.storage_and_layout());
+        let pf = match &pf_guard {
+            Some(g) if g.1.is_contiguous() && g.1.dims().len() == 2 => {
+                let w = view::<T>(g, "prefetched weight")?;
+                let elem = std::mem::size_of::<T>();
+                let half_rows = g.1.dims()[0] / 2;
+                let half = half_rows * g.1.dims()[1];
+                // Whole 16-byte vectors from 16-byte aligned starts, or nothing.
+                let n = (prefetch_bytes() / 2).min(half * elem) & !15;
+                let aligned = (half * elem).is_multiple_of(16);
+                (aligned && n > 0).then(|| (w.slice(..half), w.slice(half..), n))
+            }
+            _ => None,
+        };
         // SAFETY: written in full by the kernel.
         let out = unsafe { dev.alloc::<T>(t * heads * d)? };
         let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;
@@ -457,13 +491,18 @@ impl RopeStore {
         l.ptr(&cos).ptr(&sin).ptr(&out).ptr(&kc).ptr(&vc);
         l.val((cache_dims[2] * d) as i64);
         l.ptr(&len).val(t as i32).val(heads as i32).val(d as i32);
+        match &pf {
+            Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
+            None => l.null().val(0i64).null().val(0i64),
+        };
         let cfg = LaunchConfig {
             grid_dim: (t as u32, (heads + kv_heads) as u32, 1),
             block_dim: ((d / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `rope_store` in kernels.cu; the caller keeps `len` within the
-        // cache's capacity and the tables (the cache reserved the room first).
+        // cache's capacity and the tables (the cache reserved the room first); the prefetched
+        // ranges lie inside the weight's two halves (at most `half` elements each).
         unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((1, heads, t, d))))
     }

@@ -695,11 +695,43 @@ __device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restr
   }
 }
 
+// L2 prefetch of weights a later kernel of the step reads, from a latency-bound kernel's
+// prologue while HBM would idle: up to two byte ranges (16-byte aligned, whole 16-byte
+// vectors), in 64 KB bulk requests at L2 evict-last priority, consecutive requests on
+// different blocks. Weights only: no kernel writes them, so they may be read before
+// `pdl_begin`. Lab bench (scripts/gemv_lab.cu, docs/gpu-decode-2026-11-25.md): the first 8 MB
+// of the gate/up weight prefetched from RoPE's prologue took 3.5% off a 1B-shaped step and
+// left an 8B-shaped one unchanged (+0.07%).
+__device__ __forceinline__ void prefetch_l2(const char *p0, long n0, const char *p1, long n1) {
+#if __CUDA_ARCH__ >= 900
+  constexpr long CH = 65536;
+  const long c0 = (n0 + CH - 1) / CH, total = c0 + (n1 + CH - 1) / CH;
+  const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
+  const long block = blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z);
+  const long gid = threadIdx.x * blocks + block, stride = blocks * blockDim.x;
+  if (gid >= total) return;
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  for (long c = gid; c < total; c += stride) {
+    const bool first = c < c0;
+    const long off = (first ? c : c - c0) * CH, left = (first ? n0 : n1) - off;
+    const unsigned size = (unsigned)((left < CH ? left : CH) & ~15L);
+    if (size)
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
+                   :: "l"((first ? p0 : p1) + off), "r"(size), "l"(pol) : "memory");
+  }
+#endif
+}
+
+// The prologue prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) (`prefetch_l2`; lengths 0
+// for none).
 #define ROPE_STORE(NAME, T)                                                                    \
   extern "C" __global__ void NAME(const T *q, long q_row, const T *k, long k_row, const T *v, \
                                   long v_row, const T *cos, const T *sin, T *q_out, T *kc,     \
                                   T *vc, long cache_head_stride, const uint32_t *len_ptr,      \
-                                  int t, int heads, int d) {                                   \
+                                  int t, int heads, int d, const char *pf0, long pf0_n,        \
+                                  const char *pf1, long pf1_n) {                               \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     pdl_begin();                                                                               \
     rope_store<T>(q, q_row, k, k_row, v, v_row, cos, sin, q_out, kc, vc, cache_head_stride,   \
                   len_ptr, t, heads, d);                                                       \

@@ -3,9 +3,10 @@
 //! launch and what it reads before `pdl_begin` (weights only) overlap the previous kernel's
 //! tail. Every kernel in kernels.cu calls `pdl_begin` before it touches anything an earlier
 //! kernel wrote, which keeps stream order for the data. `SPECDEC_PDL=0` launches them one
-//! after another (for comparisons in one build). Measured on the H200 (2026-11-23, captured
-//! graphs of 8B- and 1B-shaped decode steps, five sessions): differences within run-to-run
-//! noise (at most 1%, either sign).
+//! after another (for comparisons in one build). In a captured graph the attribute becomes a
+//! programmatic edge only between adjacent kernels: the step's memory nodes sat between them
+//! until `graph_rewire` (2026-11-25), so before then PDL never took effect in replayed steps
+//! (measured within noise, ≤ 1%); in the lab bench it is worth 2.9% of an 8B-shaped step.
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
@@ -118,7 +119,11 @@ impl Launch {
             )
         }
         .result()
-        .w()
+        .w()?;
+        if self.pdl {
+            crate::nn::graph_rewire::note_pdl_launch(self.stream.cu_stream());
+        }
+        Ok(())
     }
 }
 
