@@ -89,6 +89,14 @@ fn graph_steps_equal_ordinary_steps() {
             (greedy, rows)
         };
         let (with, with_rows) = run(true);
+        // On CUDA the draft's steps (full attention) must really have replayed graphs: a
+        // recording that failed falls back to the ordinary path, which would pass unseen.
+        if model.device().is_cuda() && name == "draft" {
+            assert!(
+                model.graph_recordings() > 0,
+                "{name}: no CUDA graph was recorded (see the recording warning above)"
+            );
+        }
         let (without, without_rows) = run(false);
         specdec::nn::set_cuda_graphs(true);
         for (a, b) in with_rows.iter().zip(&without_rows) {

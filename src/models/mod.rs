@@ -206,6 +206,11 @@ impl Model {
         &self.info
     }
 
+    /// CUDA-graph steps recorded and kept for replay (see `Decoder::graph_recordings`).
+    pub fn graph_recordings(&self) -> usize {
+        self.decoder.graph_recordings()
+    }
+
     /// The device weights live on.
     pub fn device(&self) -> &Device {
         &self.device

@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaStream, DeviceP
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Storage, Tensor};
 
-use super::graph_rewire::{self, Census};
+use super::graph_edges::{self, Census};
 use super::tokens::StepIds;
 use crate::error::{Error, Result};
 
@@ -127,6 +127,12 @@ fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, len: u32) -> Result<()>
 }
 
 impl Graphs {
+    /// Steps recorded and kept (0 once a recording failed and the model went back to the
+    /// ordinary path).
+    pub fn recorded(&self) -> usize {
+        self.inner.lock().map_or(0, |i| i.recordings.len())
+    }
+
     /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying
     /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
     /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
@@ -205,17 +211,17 @@ impl Graphs {
 }
 
 /// Records the device work `f` queues on `dev`'s stream as a graph (nothing runs), its
-/// tensors kept to the end of the capture and its edges rewired for programmatic dependent
-/// launch ([`graph_rewire`]).
+/// tensors kept to the end of the capture and its kernels joined by programmatic edges
+/// ([`graph_edges`]).
 fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
     let stream = dev.cuda_stream();
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| Error::invalid(format!("begin capture: {e}")))?;
-    graph_rewire::begin();
+    graph_edges::begin();
     let body = f();
     // The kept tensors are freed here, inside the capture: after every kernel.
-    let pdl = graph_rewire::finish();
+    graph_edges::finish();
     // End the capture whatever happened, or the stream stays unusable.
     // SAFETY: the stream is capturing (begun above).
     let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
@@ -236,18 +242,7 @@ fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         }
     };
     // SAFETY: `graph` is owned here and not yet instantiated.
-    let census = match &pdl {
-        Some(pdl) => unsafe { graph_rewire::rewire(graph, pdl) },
-        None => Ok(Census::default()),
-    };
-    let census = match census {
-        Ok(c) => c,
-        Err(e) => {
-            // SAFETY: as above.
-            unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e);
-        }
-    };
+    let census = unsafe { graph_edges::census(graph) }.unwrap_or_default();
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     let flags =
         u64::from(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0);

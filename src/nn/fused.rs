@@ -29,10 +29,10 @@ pub fn split_attention(
 }
 
 /// `t`, a tensor one of our CUDA ops just made, kept alive while a graph records (its free
-/// then lands after every kernel of the step: see `graph_rewire`).
+/// then lands after every kernel of the step: see `graph_edges`).
 #[cfg(feature = "cuda")]
 pub(crate) fn made(t: Tensor) -> Tensor {
-    super::graph_rewire::keep(&t);
+    super::graph_edges::keep(&t);
     t
 }
 

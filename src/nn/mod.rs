@@ -11,7 +11,7 @@ mod cuda;
 mod cuda_graph;
 mod fused;
 #[cfg(feature = "cuda")]
-mod graph_rewire;
+mod graph_edges;
 mod linear;
 mod mlp;
 pub mod profile;

@@ -434,6 +434,17 @@ impl Decoder {
         self.param_count
     }
 
+    /// CUDA-graph steps recorded and kept for replay (0 off CUDA, with graphs off, or after
+    /// a recording failed and the model went back to the ordinary path).
+    pub fn graph_recordings(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs.recorded()
+        }
+        #[cfg(not(feature = "cuda"))]
+        0
+    }
+
     /// The span of each layer.
     pub fn layer_kinds(&self) -> &[LayerKind] {
         &self.kinds

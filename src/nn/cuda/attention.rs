@@ -142,9 +142,9 @@ impl SplitAttention {
         }
         // SAFETY: each live split block writes its partial row before the combine reads it;
         // splits without a visible key are never read.
-        let part = unsafe { dev.alloc::<f32>(t * heads * splits * (d + 2))? };
+        let part = unsafe { super::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? };
         // SAFETY: the last split block of each (row, head) writes its d outputs.
-        let out = unsafe { dev.alloc::<T>(t * heads * d)? };
+        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
 
         let hb = if max_len >= GROUPED_MIN_LEN && group > 1 {
             GROUPED_HEADS
@@ -250,7 +250,7 @@ impl FlashAttention {
             kv_head,
         } = qkv_shape("flash attention", ql, kl, vl)?;
         // SAFETY: the kernel writes every element of the t rows.
-        let out = unsafe { dev.alloc::<T>(t * heads * d)? };
+        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
         let mut l = Launch::new(dev, &format!("flash_attn_{name}_d{d}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
@@ -479,7 +479,7 @@ impl RopeStore {
             _ => None,
         };
         // SAFETY: written in full by the kernel.
-        let out = unsafe { dev.alloc::<T>(t * heads * d)? };
+        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
         let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;
         let (q, k, v) = (
             q.slice(ql.start_offset()..),

@@ -176,7 +176,7 @@ impl Gemv {
             },
         };
         // SAFETY: written in full by either kernel.
-        let y = unsafe { dev.alloc::<T>(rows * out)? };
+        let y = unsafe { super::out_alloc::<T>(dev, rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         if tensor_cores {
             let nt = rows.div_ceil(8);
@@ -397,7 +397,7 @@ impl candle_core::CustomOp1 for SiluMul {
             let (t, inter) = (*t, *two / 2);
             let n = t * inter;
             // SAFETY: written in full by the kernel.
-            let y = unsafe { dev.alloc::<T>(n)? };
+            let y = unsafe { super::out_alloc::<T>(dev, n)? };
             let mut l = Launch::new(dev, &format!("silu_mul_{name}"))?;
             let gu = gu.slice(a..b);
             l.ptr(&gu).ptr(&y).val(inter as i32).val(n as i64);
@@ -502,7 +502,7 @@ impl AddRmsNorm {
             );
         }
         // SAFETY: written in full by the kernel.
-        let out = unsafe { dev.alloc::<T>(2 * t * h)? };
+        let out = unsafe { super::out_alloc::<T>(dev, 2 * t * h)? };
         let mut l = Launch::new(dev, &format!("add_rmsnorm_{name}"))?;
         let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
         l.ptr(&x).ptr(&y).ptr(&w).ptr(&out);
@@ -548,7 +548,7 @@ impl candle_core::CustomOp1 for ArgmaxRows {
         let (rows, n) = (*rows, *n);
         let dev = s.device();
         // SAFETY: written in full by the kernel (one value per row).
-        let out = unsafe { dev.alloc::<u32>(rows)? };
+        let out = unsafe { super::out_alloc::<u32>(dev, rows)? };
         let mut l = Launch::new(dev, "argmax_rows_f32")?;
         let x = x.slice(a..b);
         l.ptr(&x).ptr(&out).val(n as i32);

@@ -5,7 +5,7 @@
 //! kernel wrote, which keeps stream order for the data. `SPECDEC_PDL=0` launches them one
 //! after another (for comparisons in one build). In a captured graph the attribute becomes a
 //! programmatic edge only between adjacent kernels: the step's memory nodes sat between them
-//! until `graph_rewire` (2026-11-25), so before then PDL never took effect in replayed steps
+//! until `graph_edges` (2026-11-25), so before then PDL never took effect in replayed steps
 //! (measured within noise, ≤ 1%); in the lab bench it is worth 2.9% of an 8B-shaped step.
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -108,6 +108,8 @@ impl Launch {
             numAttrs: u32::from(self.pdl),
         };
         self.stream.context().bind_to_thread().w()?;
+        crate::nn::graph_edges::before_launch(self.stream.cu_stream())
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         // SAFETY: `params` points at one slot per kernel parameter (the caller's contract),
         // alive for the call; the driver copies them before returning.
         unsafe {
@@ -119,11 +121,7 @@ impl Launch {
             )
         }
         .result()
-        .w()?;
-        if self.pdl {
-            crate::nn::graph_rewire::note_pdl_launch(self.stream.cu_stream());
-        }
-        Ok(())
+        .w()
     }
 }
 

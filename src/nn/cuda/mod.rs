@@ -89,6 +89,21 @@ fn view<'a, T: candle_core::cuda_backend::CudaDType>(
     }
 }
 
+/// An uninitialised output buffer of `n` elements for one of our kernels, allocated off a
+/// recording graph's chain of kernels (see `graph_edges::before_alloc`).
+///
+/// # Safety
+/// The kernel launched next must write every element it is read at.
+unsafe fn out_alloc<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    n: usize,
+) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
+    crate::nn::graph_edges::before_alloc(dev.cuda_stream().cu_stream())
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    // SAFETY: the caller's contract.
+    unsafe { dev.alloc::<T>(n) }
+}
+
 mod attention;
 mod dense;
 mod launch;
