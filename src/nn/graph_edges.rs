@@ -13,21 +13,22 @@
 //!   sets the capture's dependencies aside and lets the allocation be a root, and
 //!   [`before_launch`] makes the kernel depend on what was set aside (programmatically where
 //!   that is a kernel: the launch's PDL attribute does it) and on the allocations. A root
-//!   allocation never takes an address freed elsewhere in the graph: the driver reuses an
-//!   address only after a free it is ordered after;
-//! * the step's tensors are kept ([`keep`]) until the capture ends, so that no free sits on
-//!   the chain between two kernels; their frees land at the graph's end, after every kernel
-//!   (a PDL kernel completes only after the kernel before it: each of its blocks waits,
-//!   `griddepcontrol.wait` in kernels.cu's `pdl_begin`, before it exits). The step's
-//!   intermediate buffers then all live at once: a few MB for a decode step; for a 16-row
-//!   verification block of an 8B-shaped model at 8,000 tokens, the split attention's partial
-//!   sums dominate, ~0.3 GB per recording.
+//!   allocation is given an address no node before it in the graph frees (the driver's
+//!   graph allocator reuses an address only after a free the allocation is ordered after;
+//!   `decode_graphs` checks 300 replayed steps against ordinary ones);
+//! * the step's tensors ([`keep`]) and our kernels' scratch buffers ([`keep_scratch`]) live
+//!   until the capture ends, so that no free sits on the chain between two kernels: their
+//!   frees land at the graph's end, after every kernel (a PDL kernel completes only after
+//!   the kernel before it: each of its blocks waits, `griddepcontrol.wait` in kernels.cu's
+//!   `pdl_begin`, before it exits). The step's intermediate buffers then all live at once:
+//!   a few MB for a decode step; for a 16-row verification block of an 8B-shaped model at
+//!   8,000 tokens, the split attention's partial sums dominate, ~0.3 GB per recording.
 //!
 //! `SPECDEC_GRAPH_PDL=0` records as before (for comparisons in one build).
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use candle_core::cuda_backend::cudarc::driver::sys;
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaSlice};
 use candle_core::Tensor;
 
 use crate::error::{Error, Result};
@@ -43,6 +44,8 @@ pub(crate) fn enabled() -> bool {
 #[derive(Default)]
 struct Capture {
     kept: Vec<Tensor>,
+    /// Scratch buffers of our kernels (split attention's partial sums).
+    scratch: Vec<CudaSlice<f32>>,
     /// The capture's dependencies set aside by [`before_alloc`], until [`before_launch`].
     set_aside: Option<Vec<usize>>,
 }
@@ -70,6 +73,15 @@ pub(crate) fn keep(t: &Tensor) {
         if let Some(c) = c {
             c.kept.push(t.clone());
         }
+    });
+}
+
+/// Drops a scratch buffer one of our kernels used — after the capture on this thread ends,
+/// inside one; at once outside.
+pub(crate) fn keep_scratch(b: CudaSlice<f32>) {
+    CAPTURE.with_borrow_mut(|c| match c {
+        Some(c) => c.scratch.push(b),
+        None => drop(b),
     });
 }
 

@@ -189,6 +189,9 @@ impl SplitAttention {
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
         // (row, head) < ATTN_COUNTERS.
         unsafe { l.run(cfg) }?;
+        // The partial sums are scratch: freed here, after the launch (stream order), except
+        // while a graph records, where a free would sit between this kernel and the next.
+        crate::nn::graph_edges::keep_scratch(part);
         Ok((out, Shape::from((t, heads * d))))
     }
 }
