@@ -118,7 +118,12 @@ for line in sys.stdin:
 done
 echo "$root" > "$stage/manifest-dir"
 echo "$CARGO_TARGET_DIR" > "$stage/target-dir"
-git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+# The commit built, marked "+changes" when the sources differed from it (the binaries are
+# then of the working tree, not of that commit).
+{ git rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' > "$stage/commit"
+[ -z "$(git status --porcelain -- src tests benches build.rs Cargo.toml Cargo.lock 2>/dev/null)" ] \
+  || echo -n "+changes" >> "$stage/commit"
+echo >> "$stage/commit"
 echo "== packing $(du -sh "$stage" | cut -f1) into $dist/specdec-cuda.tar.xz"
 tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=3,dict=256MiB > "$dist/specdec-cuda.tar.xz"
 rm -rf "$stage"
