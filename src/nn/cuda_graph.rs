@@ -8,9 +8,7 @@
 //! read the length from it. Everything else the step touches — weights, the KV buffers, the
 //! RoPE tables, the output buffer — must stay at the addresses it had when recorded; the
 //! caller keys the recording on their identities and a changed key records anew.
-use std::sync::Mutex;
-
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaStream, DevicePtr};
 use candle_core::cuda_backend::CudaDevice;
@@ -59,7 +57,7 @@ struct Recording {
     graph: Graph,
 }
 
-// SAFETY: a `CudaGraph` is a handle to driver objects of one context; the driver API is
+// SAFETY: a `Graph` holds handles to driver objects of one context; the driver API is
 // thread-safe, and `Graphs` only touches a recording under its mutex.
 unsafe impl Send for Recording {}
 
