@@ -194,6 +194,11 @@ def run_exp(args, config_text, tag):
     out = os.path.join(tmp, "run")
     cmd = [args.exp, "run", cfg, "--out", out, "--no-progress"]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SPECDEC_BENCH_EXP_STDERR=path collects every exp run's stderr (e.g. the graph census of
+    # SPECDEC_GRAPH_CENSUS=1), each under a line naming the run.
+    if os.environ.get("SPECDEC_BENCH_EXP_STDERR"):
+        with open(os.environ["SPECDEC_BENCH_EXP_STDERR"], "a") as fh:
+            fh.write(f"== exp {tag}\n{proc.stderr}")
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"exp failed ({tag}, exit {proc.returncode}); config {cfg}")

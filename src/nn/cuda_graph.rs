@@ -76,6 +76,28 @@ struct Inner {
     /// Set when recording failed once: the model stays on the ordinary path.
     disabled: bool,
     recordings: Vec<(usize, Recording)>,
+    /// Steps (slot, key) run on the ordinary path so far without a recording, with how many
+    /// times (see [`record_after`]); oldest first.
+    seen: Vec<(usize, Vec<u64>, usize)>,
+}
+
+/// Distinct unrecorded steps remembered.
+const MAX_SEEN: usize = 64;
+
+/// On which sighting of a step (slot and key) it is recorded: `SPECDEC_GRAPH_RECORD_AFTER`,
+/// default 2 (1 records at once). Steps that come once — the blocks at the end of a
+/// generation, cut to fit `max_new_tokens`, each of its own length — then run on the
+/// ordinary path instead of paying a recording (an eager run, the capture, the
+/// instantiation and upload of a graph of 300–900 nodes) that is never replayed.
+fn record_after() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("SPECDEC_GRAPH_RECORD_AFTER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2)
+            .max(1)
+    })
 }
 
 impl std::fmt::Debug for Graphs {
@@ -134,9 +156,10 @@ impl Graphs {
     /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying
     /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
     /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
-    /// returns the logits. The first call for a key runs `step` eagerly (that is this
-    /// step's result) and then records it. `None` when graphs are off for this model (a
-    /// recording failed once; the error is printed): the caller takes its ordinary path.
+    /// returns the logits. Until its [`record_after`]-th sighting a step is not recorded
+    /// (`None`); that call runs `step` eagerly (that is this step's result) and then records
+    /// it. `None` also when graphs are off for this model (a recording failed once; the
+    /// error is printed). On `None` the caller takes its ordinary path.
     pub fn run(
         &self,
         dev: &CudaDevice,
@@ -164,6 +187,21 @@ impl Graphs {
             rec.graph.launch()?;
             // A copy: the next replay overwrites `out`.
             return Ok(Some(rec.out.copy()?));
+        }
+        let seen = match inner
+            .seen
+            .iter()
+            .position(|(n, k, _)| *n == slot && *k == key)
+        {
+            Some(i) => inner.seen.remove(i).2 + 1,
+            None => 1,
+        };
+        if seen < record_after() {
+            if inner.seen.len() >= MAX_SEEN {
+                inner.seen.remove(0);
+            }
+            inner.seen.push((slot, key, seen));
+            return Ok(None);
         }
         // Several caches may alternate on one model (the points of an interleaved sweep, a
         // reference decode): keep the most recent recordings rather than one per slot.
