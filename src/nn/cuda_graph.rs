@@ -85,17 +85,19 @@ struct Inner {
 const MAX_SEEN: usize = 64;
 
 /// On which sighting of a step (slot and key) it is recorded: `SPECDEC_GRAPH_RECORD_AFTER`,
-/// default 2 (1 records at once). Steps that come once — the blocks at the end of a
-/// generation, cut to fit `max_new_tokens`, each of its own length — then run on the
-/// ordinary path instead of paying a recording (an eager run, the capture, the
-/// instantiation and upload of a graph of 300–900 nodes) that is never replayed.
+/// default 1 (at once). With 2, steps that come once — the blocks at the end of a
+/// generation, cut to fit `max_new_tokens`, each of its own length — run on the ordinary
+/// path instead of paying a recording (an eager run, the capture, the instantiation and
+/// upload of a graph of 300–900 nodes) that is never replayed: one round of the oracle
+/// benchmark made 92 recordings for 30 generations (docs/gpu-decode-2026-11-25.md). Not yet
+/// measured, so not the default.
 fn record_after() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         std::env::var("SPECDEC_GRAPH_RECORD_AFTER")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(2)
+            .unwrap_or(1)
             .max(1)
     })
 }
