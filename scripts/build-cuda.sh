@@ -29,6 +29,10 @@ dist=$cuda_dir/dist
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 mode=${1:-build}
+# One run at a time per CUDA folder: two would install into, and pack from, the same folders.
+mkdir -p "$cuda_dir"
+exec 9>"$cuda_dir/.build.lock"
+flock 9
 
 # 1. Toolkit wheels. A `--check` needs only the compiler and headers (candle's kernels are
 #    compiled by its build script; nothing is linked); a build also needs the libraries. Each
@@ -94,7 +98,7 @@ msgs=$(cargo build --release --features cuda --bins --tests --benches --message-
 #    candle's GPU code, which a 256 MiB dictionary stores once (one binary alone is ~7 MB
 #    compressed; all of them together stay small enough to travel).
 stage=$cuda_dir/stage
-rm -rf "$dist" "$stage"; mkdir -p "$dist" "$stage/bin" "$stage/tests" "$stage/benches"
+rm -rf "$stage"; mkdir -p "$dist" "$stage/bin" "$stage/tests" "$stage/benches"
 echo "$msgs" | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -125,7 +129,10 @@ echo "$CARGO_TARGET_DIR" > "$stage/target-dir"
   || echo -n "+changes" >> "$stage/commit"
 echo >> "$stage/commit"
 echo "== packing $(du -sh "$stage" | cut -f1) into $dist/specdec-cuda.tar.xz"
-tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=3,dict=256MiB > "$dist/specdec-cuda.tar.xz"
+# Written beside the old archive and moved over it: other files in dist/ stay, and a failed
+# pack leaves the previous archive whole.
+tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=3,dict=256MiB > "$dist/specdec-cuda.tar.xz.part"
+mv -f "$dist/specdec-cuda.tar.xz.part" "$dist/specdec-cuda.tar.xz"
 rm -rf "$stage"
 ls -la "$dist"
 echo "== done: carry $dist; on the GPU machine run scripts/gpu-unpack.sh"
