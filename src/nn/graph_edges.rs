@@ -61,8 +61,8 @@ pub(crate) fn begin() {
     }
 }
 
-/// Ends it: drops the kept tensors — call it before the capture ends, so that their frees are
-/// captured after every kernel.
+/// Ends it: drops the kept tensors and scratch buffers — call it before the capture ends, so
+/// that their frees are captured after every kernel.
 pub(crate) fn finish() {
     drop(CAPTURE.take());
 }
@@ -76,8 +76,8 @@ pub(crate) fn keep(t: &Tensor) {
     });
 }
 
-/// Drops a scratch buffer one of our kernels used — after the capture on this thread ends,
-/// inside one; at once outside.
+/// Frees a scratch buffer one of our kernels used: at once outside a capture, at its end
+/// (see [`finish`]) inside one.
 pub(crate) fn keep_scratch(b: CudaSlice<f32>) {
     CAPTURE.with_borrow_mut(|c| match c {
         Some(c) => c.scratch.push(b),
