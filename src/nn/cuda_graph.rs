@@ -23,7 +23,14 @@ struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     stream: Arc<CudaStream>,
-    census: Census,
+    /// Its nodes and edges, counted only when `SPECDEC_GRAPH_CENSUS=1` asks to print them.
+    census: Option<Census>,
+}
+
+/// Whether each recording's census is counted and printed (`SPECDEC_GRAPH_CENSUS=1`).
+fn census_wanted() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_GRAPH_CENSUS").is_ok_and(|v| v == "1"))
 }
 
 impl Graph {
@@ -226,8 +233,8 @@ impl Graphs {
             Ok(())
         }) {
             Ok(graph) => {
-                if std::env::var("SPECDEC_GRAPH_CENSUS").is_ok_and(|v| v == "1") {
-                    eprintln!("graph of {t} rows: {:?}", graph.census);
+                if let Some(census) = &graph.census {
+                    eprintln!("graph of {t} rows: {census:?}");
                 }
                 inner.recordings.push((
                     slot,
@@ -280,7 +287,7 @@ fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         }
     };
     // SAFETY: `graph` is owned here and not yet instantiated.
-    let census = unsafe { graph_edges::census(graph) }.unwrap_or_default();
+    let census = census_wanted().then(|| unsafe { graph_edges::census(graph) }.unwrap_or_default());
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     let flags =
         u64::from(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0);

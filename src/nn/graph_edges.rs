@@ -91,6 +91,8 @@ fn dependencies(stream: sys::CUstream) -> Result<Option<Vec<usize>>> {
     let mut deps: *const sys::CUgraphNode = std::ptr::null();
     let mut data: *const sys::CUgraphEdgeData = std::ptr::null();
     let mut n = 0usize;
+    // The edge data is asked for, unread, because without it the query fails
+    // (`CUDA_ERROR_LOSSY_QUERY`) whenever a dependency carries non-default edge data.
     // SAFETY: out-pointers to locals; the arrays returned stay valid until the next operation
     // on the stream and are copied right away.
     check(

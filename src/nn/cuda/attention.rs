@@ -474,9 +474,11 @@ impl RopeStore {
                 let elem = std::mem::size_of::<T>();
                 let half_rows = g.1.dims()[0] / 2;
                 let half = half_rows * g.1.dims()[1];
-                // Whole 16-byte vectors from 16-byte aligned starts, or nothing.
+                // Whole 16-byte vectors from 16-byte aligned starts (the bulk prefetch faults
+                // otherwise), or nothing.
                 let n = (prefetch_bytes() / 2).min(half * elem) & !15;
-                let aligned = (half * elem).is_multiple_of(16);
+                let aligned = (half * elem).is_multiple_of(16)
+                    && (g.1.start_offset() * elem).is_multiple_of(16);
                 (aligned && n > 0).then(|| (w.slice(..half), w.slice(half..), n))
             }
             _ => None,
