@@ -211,6 +211,11 @@ impl Model {
         self.decoder.graph_recordings()
     }
 
+    /// Censuses of the CUDA-graph steps kept (see `Decoder::graph_censuses`).
+    pub fn graph_censuses(&self) -> Vec<(usize, crate::nn::GraphCensus)> {
+        self.decoder.graph_censuses()
+    }
+
     /// The device weights live on.
     pub fn device(&self) -> &Device {
         &self.device

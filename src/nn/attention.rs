@@ -165,9 +165,13 @@ impl Attention {
             AttnInput::Residual(x, norm) => self.qkv.forward_prenorm(x, norm)?,
         };
         profile::mark("qkv projection", &qkv)?;
-        let q = qkv.narrow(1, 0, h * d)?.reshape((t, h, d))?;
-        let k = qkv.narrow(1, h * d, kv * d)?.reshape((t, kv, d))?;
-        let v = qkv.narrow(1, (h + kv) * d, kv * d)?.reshape((t, kv, d))?;
+        // Views with rows `(h + 2 kv) d` apart, never copies: a reshape of a narrowed block
+        // of several rows would copy each part (three kernels a layer in a verification
+        // step on CUDA, ordinary launches between the step's PDL launches).
+        let qkv = qkv.reshape((t, h + 2 * kv, d))?;
+        let q = qkv.narrow(1, 0, h)?;
+        let k = qkv.narrow(1, h, kv)?;
+        let v = qkv.narrow(1, h + kv, kv)?;
         Ok(match &self.qk_norm {
             Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?, v),
             None => (q, k, v),

@@ -27,10 +27,23 @@ struct Graph {
     census: Option<Census>,
 }
 
-/// Whether each recording's census is counted and printed (`SPECDEC_GRAPH_CENSUS=1`).
-fn census_wanted() -> bool {
+/// Whether each recording's census is printed (`SPECDEC_GRAPH_CENSUS=1`).
+fn census_printed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPECDEC_GRAPH_CENSUS").is_ok_and(|v| v == "1"))
+}
+
+/// Whether each recording's census is counted: printed ([`census_printed`]) or asked for by
+/// [`count_censuses`] (about a thousand driver queries a recording, so not by default).
+fn census_wanted() -> bool {
+    census_printed() || COUNT_CENSUS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static COUNT_CENSUS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Counts the census of every recording from now on (see [`Graphs::censuses`]).
+pub fn count_censuses(on: bool) {
+    COUNT_CENSUS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Graph {
@@ -62,6 +75,8 @@ struct Recording {
     /// The step's logits, written by every replay.
     out: Tensor,
     graph: Graph,
+    /// Tokens a step takes.
+    rows: usize,
 }
 
 // SAFETY: a `Graph` holds handles to driver objects of one context; the driver API is
@@ -162,6 +177,17 @@ impl Graphs {
         self.inner.lock().map_or(0, |i| i.recordings.len())
     }
 
+    /// The counted censuses of the recordings kept (see [`count_censuses`]), with each
+    /// recording's rows.
+    pub fn censuses(&self) -> Vec<(usize, Census)> {
+        self.inner.lock().map_or(Vec::new(), |i| {
+            i.recordings
+                .iter()
+                .filter_map(|(_, r)| Some((r.rows, r.graph.census?)))
+                .collect()
+        })
+    }
+
     /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying
     /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
     /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
@@ -233,7 +259,7 @@ impl Graphs {
             Ok(())
         }) {
             Ok(graph) => {
-                if let Some(census) = &graph.census {
+                if let Some(census) = graph.census.filter(|_| census_printed()) {
                     eprintln!("graph of {t} rows: {census:?}");
                 }
                 inner.recordings.push((
@@ -243,6 +269,7 @@ impl Graphs {
                         io,
                         out,
                         graph,
+                        rows: t,
                     },
                 ))
             }

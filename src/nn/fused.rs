@@ -84,6 +84,40 @@ pub fn set_cuda_graphs(on: bool) {
     GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A recorded CUDA graph step's nodes and edges (see [`count_graph_censuses`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphCensus {
+    pub nodes: usize,
+    pub kernels: usize,
+    /// Memory allocation and free nodes.
+    pub memory: usize,
+    pub edges: usize,
+    /// Programmatic (PDL) edges: one into each kernel that may start during the tail of the
+    /// kernel before it.
+    pub programmatic: usize,
+}
+
+/// Counts the nodes and edges of every CUDA graph recorded from now on, for
+/// `Decoder::graph_censuses` (about a thousand driver queries a recording, so off unless
+/// asked; `SPECDEC_GRAPH_CENSUS=1` also prints each). A no-op without CUDA.
+pub fn count_graph_censuses(on: bool) {
+    #[cfg(feature = "cuda")]
+    super::cuda_graph::count_censuses(on);
+    let _ = on;
+}
+
+/// Whether steps recorded on `device` ask for programmatic edges between their kernels:
+/// CUDA with compute capability 9.0 or newer, unless `SPECDEC_PDL=0` or
+/// `SPECDEC_GRAPH_PDL=0`.
+pub fn graph_pdl(device: &candle_core::Device) -> bool {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = device {
+        return super::graph_edges::enabled() && super::cuda::pdl(dev);
+    }
+    let _ = device;
+    false
+}
+
 /// 0: not yet read from the environment; 1: on; 2: off.
 static GRAPHS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 

@@ -176,17 +176,7 @@ pub(crate) fn before_launch(stream: sys::CUstream) -> Result<()> {
     })
 }
 
-/// A captured graph's nodes and edges.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Census {
-    pub nodes: usize,
-    pub kernels: usize,
-    /// Memory allocation and free nodes.
-    pub memory: usize,
-    pub edges: usize,
-    /// Programmatic (PDL) edges.
-    pub programmatic: usize,
-}
+pub(crate) use super::fused::GraphCensus as Census;
 
 fn check(r: sys::CUresult, what: &str) -> Result<()> {
     r.result()

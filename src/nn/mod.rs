@@ -25,7 +25,10 @@ mod weights;
 pub use attention::{
     causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
 };
-pub use fused::{argmax_rows, folded_gemv, graphs_enabled, open_cuda, set_cuda_graphs, Folded};
+pub use fused::{
+    argmax_rows, count_graph_censuses, folded_gemv, graph_pdl, graphs_enabled, open_cuda,
+    set_cuda_graphs, Folded, GraphCensus,
+};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};

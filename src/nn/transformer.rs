@@ -445,6 +445,17 @@ impl Decoder {
         0
     }
 
+    /// The nodes and edges of each CUDA-graph step kept, with its rows, where counted (see
+    /// [`super::count_graph_censuses`]); empty off CUDA.
+    pub fn graph_censuses(&self) -> Vec<(usize, super::GraphCensus)> {
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs.censuses()
+        }
+        #[cfg(not(feature = "cuda"))]
+        Vec::new()
+    }
+
     /// The span of each layer.
     pub fn layer_kinds(&self) -> &[LayerKind] {
         &self.kinds

@@ -19,7 +19,7 @@ use super::{MODULE, PTX};
 
 /// Whether launches carry the PDL attribute: compute capability 9.0 or newer, unless
 /// `SPECDEC_PDL=0`. Read once (the first device asked decides; specdec runs one GPU kind).
-fn pdl(dev: &CudaDevice) -> bool {
+pub(crate) fn pdl(dev: &CudaDevice) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         let wanted = std::env::var("SPECDEC_PDL").map_or(true, |v| v != "0");

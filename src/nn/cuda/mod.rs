@@ -116,3 +116,4 @@ pub use dense::{
     add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
     ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
 };
+pub(crate) use launch::pdl;
