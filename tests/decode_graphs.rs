@@ -1,9 +1,11 @@
-//! Steps replayed as recorded CUDA graphs (the RoPE/K-V store and split attention kernels
-//! reading the position from the device) compute what ordinary steps compute: a greedy
+//! Steps replayed as recorded CUDA graphs (the split attention kernel with RoPE and the K/V
+//! store fused in, or RoPE's own kernel before it with `SPECDEC_FUSED_ROPE=0`, reading the
+//! position from the device) compute what ordinary steps compute: a greedy
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
 //! new recordings), with a verification block of 5 tokens every 50 steps and a speculation
 //! that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
-//! read back and uploaded), with graphs on and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
+//! read back and uploaded), with graphs on (every seventh decode step on the ordinary path
+//! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
 //! shipped draft (full attention: what a graph step covers) and the shipped target (sliding
 //! layers: always the ordinary path, which switching must not disturb). On the CPU both
 //! runs take the ordinary path; the GPU pass runs the comparison for real.
@@ -42,7 +44,11 @@ fn graph_steps_equal_ordinary_steps() {
             let (mut greedy, mut rows) = (Vec::new(), Vec::new());
             for (step, &next) in forced.iter().enumerate() {
                 greedy.push(argmax_rows(&logits)[0]);
+                // Every seventh step of the graph run takes the ordinary path (as a prefill or
+                // a tree does between replays): the caches the two paths write must agree.
+                specdec::nn::set_cuda_graphs(graphs && step % 7 != 3);
                 logits = model.forward_last(&[next], &mut c).unwrap();
+                specdec::nn::set_cuda_graphs(graphs);
                 if step % 50 == 0 {
                     rows.push(logits.clone());
                     // A verification block of 5 (its own recording), every row's logits,

@@ -196,19 +196,33 @@ impl Attention {
         let (q, k, v) = self.project(input)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(capacity)?;
-        let op = super::cuda::RopeStore {
-            cos,
-            sin,
-            k_cache: k_buf.clone(),
-            v_cache: v_buf.clone(),
-            len: len.clone(),
-            prefetch: prefetch.cloned(),
+        let (q, rope) = if super::cuda::fused_rope() {
+            // The attention kernel rotates q and stores the step's K/V itself.
+            let rope = super::cuda::AttnRope {
+                cos,
+                sin,
+                k,
+                v,
+                prefetch: prefetch.cloned(),
+            };
+            (q.transpose(0, 1)?.unsqueeze(0)?, Some(rope)) // [1, heads, t, d], strided
+        } else {
+            let op = super::cuda::RopeStore {
+                cos,
+                sin,
+                k_cache: k_buf.clone(),
+                v_cache: v_buf.clone(),
+                len: len.clone(),
+                prefetch: prefetch.cloned(),
+            };
+            let q = super::fused::made(q.apply_op3_no_bwd(&k, &v, &op)?); // [1, heads, t, d]
+            (q, None)
         };
-        let q = super::fused::made(q.apply_op3_no_bwd(&k, &v, &op)?); // [1, heads, t, d]
         let op = super::cuda::SplitAttention {
             window: None,
             softcap: self.softcap,
             len: Some((len.clone(), capacity)),
+            rope,
         };
         let out = super::fused::made(q.apply_op3_no_bwd(k_buf, v_buf, &op)?); // [t, heads * d]
         self.output(&out, input)

@@ -98,30 +98,6 @@ struct Inner {
     /// Set when recording failed once: the model stays on the ordinary path.
     disabled: bool,
     recordings: Vec<(usize, Recording)>,
-    /// Steps (slot, key) run on the ordinary path so far without a recording, with how many
-    /// times (see [`record_after`]); oldest first.
-    seen: Vec<(usize, Vec<u64>, usize)>,
-}
-
-/// Distinct unrecorded steps remembered.
-const MAX_SEEN: usize = 64;
-
-/// On which sighting of a step (slot and key) it is recorded: `SPECDEC_GRAPH_RECORD_AFTER`,
-/// default 1 (at once). With 2, steps that come once — the blocks at the end of a
-/// generation, cut to fit `max_new_tokens`, each of its own length — run on the ordinary
-/// path instead of paying a recording (an eager run, the capture, the instantiation and
-/// upload of a graph of 300–900 nodes) that is never replayed: one round of the oracle
-/// benchmark made 92 recordings for 30 generations (docs/gpu-decode-2026-11-25.md). Not yet
-/// measured, so not the default.
-fn record_after() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("SPECDEC_GRAPH_RECORD_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
-            .max(1)
-    })
 }
 
 impl std::fmt::Debug for Graphs {
@@ -188,13 +164,20 @@ impl Graphs {
         })
     }
 
-    /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying
-    /// the recording in `slot` (one per kind of step) made for `key`, or recording it anew: `step(ids, len)` is the step as device
-    /// work only (no host reads or uploads) given `ids: [t]` and `len: [1]` u32 tensors, and
-    /// returns the logits. Until its [`record_after`]-th sighting a step is not recorded
-    /// (`None`); that call runs `step` eagerly (that is this step's result) and then records
-    /// it. `None` also when graphs are off for this model (a recording failed once; the
-    /// error is printed). On `None` the caller takes its ordinary path.
+    /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying the
+    /// recording in `slot` (one per kind of step) made for `key`, or recording it anew:
+    /// `step(ids, len)` is the step as device work only (no host reads or uploads) given
+    /// `ids: [t]` and `len: [1]` u32 tensors, and returns the logits. A step not recorded yet
+    /// runs `step` eagerly (that is this step's result) and is recorded at once, so every
+    /// step of a block length takes the same kernels, eager or replayed: a greedy speculative
+    /// run and the autoregressive run it is compared with see the same logits. (Recording at
+    /// a step's second sighting instead, measured on the H200 2026-11-25, sent first
+    /// sightings down the ordinary path: the oracle benchmark's outputs then left the
+    /// autoregressive reference, τ at α = 0.8, γ = 4 falling from 3.20 to 1.36, while
+    /// `decode_graphs`, which allows bf16 roundings, passed. The ordinary path's bf16
+    /// arithmetic is not the recorded step's bit for bit, and random-weight models' logits
+    /// are full of near-ties.) `None` when graphs are off for this model (a recording failed
+    /// once; the error is printed); the caller then takes its ordinary path.
     pub fn run(
         &self,
         dev: &CudaDevice,
@@ -222,21 +205,6 @@ impl Graphs {
             rec.graph.launch()?;
             // A copy: the next replay overwrites `out`.
             return Ok(Some(rec.out.copy()?));
-        }
-        let seen = match inner
-            .seen
-            .iter()
-            .position(|(n, k, _)| *n == slot && *k == key)
-        {
-            Some(i) => inner.seen.remove(i).2 + 1,
-            None => 1,
-        };
-        if seen < record_after() {
-            if inner.seen.len() >= MAX_SEEN {
-                inner.seen.remove(0);
-            }
-            inner.seen.push((slot, key, seen));
-            return Ok(None);
         }
         // Several caches may alternate on one model (the points of an interleaved sweep, a
         // reference decode): keep the most recent recordings rather than one per slot.

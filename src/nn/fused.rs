@@ -21,6 +21,7 @@ pub fn split_attention(
             window,
             softcap,
             len: None,
+            rope: None,
         };
         return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }

@@ -1,7 +1,7 @@
 //! Attention kernels: split attention over a KV cache read in place, the causal softmax of
 //! a prefill chunk's scores, RoPE with the K/V store at positions read from the device.
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, InplaceOp1, Layout, Shape, Storage, Tensor};
 
@@ -55,6 +55,72 @@ pub struct SplitAttention {
     /// A `[1]` u32 device tensor holding `len`, read by the kernel instead of `k`'s length
     /// (a replayed graph); `splits` then covers `max_len` keys.
     pub len: Option<(Tensor, usize)>,
+    /// RoPE and the K/V store fused in (with `len` only): `q` is then the projection's output
+    /// before RoPE, and the kernel writes the step's keys (rotated) and values into the cache
+    /// buffers `k`, `v` at slots `len - t ..= len - 1` before it reads them.
+    pub rope: Option<AttnRope>,
+}
+
+/// What [`SplitAttention`] needs to do [`RopeStore`]'s work itself: one kernel a layer
+/// fewer in a decode or verification step.
+pub struct AttnRope {
+    /// `[P, d / 2]` cosines (P covers every position of the cache).
+    pub cos: Tensor,
+    /// `[P, d / 2]` sines.
+    pub sin: Tensor,
+    /// The step's keys before RoPE, `[t, kv_heads, d]` (rows may be strided, heads `d`
+    /// apart).
+    pub k: Tensor,
+    /// The step's values, `[t, kv_heads, d]` likewise.
+    pub v: Tensor,
+    /// As [`RopeStore::prefetch`], from the attention kernel's prologue.
+    pub prefetch: Option<Tensor>,
+}
+
+/// Whether graph steps fuse RoPE and the K/V store into the split attention
+/// (`SPECDEC_FUSED_ROPE`, default on; `0` keeps [`RopeStore`]'s own kernel, for comparisons
+/// in one build).
+pub fn fused_rope() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_FUSED_ROPE").map_or(true, |v| v != "0"))
+}
+
+/// `[t, heads, d]` with heads `d` apart and contiguous elements: `(t, heads, d, row stride)`.
+fn head_rows(
+    l: &Layout,
+    op: &str,
+    what: &str,
+) -> candle_core::Result<(usize, usize, usize, usize)> {
+    let (d, s) = (l.dims(), l.stride());
+    if d.len() != 3 || s[2] != 1 || s[1] != d[2] {
+        candle_core::bail!(
+            "{op}: {what} must be [t, heads, d] with heads d apart, got {d:?} {s:?}"
+        );
+    }
+    Ok((d[0], d[1], d[2], s[0]))
+}
+
+/// The gate and up halves of a weight to prefetch from, and the bytes of each.
+type PrefetchRanges<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, usize);
+
+/// The two halves' first `n` bytes of a gate/up weight `[2 * inter, hidden]` to prefetch into
+/// the L2 ([`prefetch_bytes`]), as views of `T` and the byte count: whole 16-byte vectors
+/// from 16-byte aligned starts (the bulk prefetch faults otherwise), or `None`.
+fn prefetch_ranges<'a, T: candle_core::cuda_backend::CudaDType>(
+    guard: &'a Option<(candle_core::StorageRef<'a>, &'a Layout)>,
+) -> candle_core::Result<Option<PrefetchRanges<'a, T>>> {
+    let Some(g) = guard else { return Ok(None) };
+    if !g.1.is_contiguous() || g.1.dims().len() != 2 {
+        return Ok(None);
+    }
+    let w = view::<T>(g, "prefetched weight")?;
+    let elem = std::mem::size_of::<T>();
+    let half_rows = g.1.dims()[0] / 2;
+    let half = half_rows * g.1.dims()[1];
+    let n = (prefetch_bytes() / 2).min(half * elem) & !15;
+    let aligned =
+        (half * elem).is_multiple_of(16) && (g.1.start_offset() * elem).is_multiple_of(16);
+    Ok((aligned && n > 0).then(|| (w.slice(..half), w.slice(half..), n)))
 }
 
 fn dims4(l: &Layout, op: &str, what: &str) -> candle_core::Result<([usize; 4], [usize; 4])> {
@@ -176,6 +242,57 @@ impl SplitAttention {
         l.val(split_len as i32).val(splits as i32);
         l.val(self.window.unwrap_or(0) as i32);
         l.val(self.softcap.unwrap_or(0.0) as f32);
+        let rope_guards = self.rope.as_ref().map(|r| {
+            [
+                r.k.storage_and_layout(),
+                r.v.storage_and_layout(),
+                r.cos.storage_and_layout(),
+                r.sin.storage_and_layout(),
+            ]
+        });
+        let pf_guard = self
+            .rope
+            .as_ref()
+            .and_then(|r| r.prefetch.as_ref())
+            .map(|w| w.storage_and_layout());
+        let pf = prefetch_ranges::<T>(&pf_guard)?;
+        match (&self.rope, &rope_guards) {
+            (Some(r), Some(g)) => {
+                const OP: &str = "split attention with RoPE";
+                let (tk, kvh, dk, k_row) = head_rows(g[0].1, OP, "k")?;
+                let (tv, kvv, dv, v_row) = head_rows(g[1].1, OP, "v")?;
+                let fits = self.len.is_some()
+                    && (tk, kvh, dk) == (t, kv_heads, d)
+                    && (tv, kvv, dv) == (t, kv_heads, d)
+                    && r.cos.dims() == r.sin.dims()
+                    && r.cos.dims().len() == 2
+                    && r.cos.dim(0)? >= max_len
+                    && r.cos.dim(1)? * 2 == d
+                    && r.cos.is_contiguous()
+                    && r.sin.is_contiguous();
+                if !fits {
+                    candle_core::bail!(
+                        "{OP}: k {:?}, v {:?}, tables {:?} do not fit q {:?} over {max_len} keys",
+                        g[0].1.dims(),
+                        g[1].1.dims(),
+                        r.cos.dims(),
+                        ql.dims()
+                    );
+                }
+                let (kn, vn) = (view::<T>(&g[0], "k")?, view::<T>(&g[1], "v")?);
+                let (cos, sin) = (view::<T>(&g[2], "cos")?, view::<T>(&g[3], "sin")?);
+                l.ptr(&kn).val(k_row as i64).ptr(&vn).val(v_row as i64);
+                l.ptr(&cos).ptr(&sin).ptr(&k).ptr(&v);
+            }
+            _ => {
+                l.null().val(0i64).null().val(0i64);
+                l.null().null().null().null();
+            }
+        }
+        match &pf {
+            Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
+            None => l.null().val(0i64).null().val(0i64),
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 (t * group.div_ceil(hb)) as u32,
@@ -187,7 +304,10 @@ impl SplitAttention {
         };
         // SAFETY: the argument list matches `attn_split` in kernels.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
-        // (row, head) < ATTN_COUNTERS.
+        // (row, head) < ATTN_COUNTERS; with RoPE fused, the slots written (through the same
+        // pointers `k`, `v`) lie below `len` ≤ `max_len`, the caller's room in the cache
+        // buffers, and the tables cover them; the prefetched ranges lie inside the weight's
+        // two halves.
         unsafe { l.run(cfg) }?;
         // The partial sums are scratch: freed here, after the launch (stream order), except
         // while a graph records, where a free would sit between this kernel and the next.
@@ -417,18 +537,9 @@ impl RopeStore {
         (k, kl): (&CudaSlice<T>, &Layout),
         (v, vl): (&CudaSlice<T>, &Layout),
     ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
-        let rows = |l: &Layout, what: &str| -> candle_core::Result<(usize, usize, usize, usize)> {
-            let (d, s) = (l.dims(), l.stride());
-            if d.len() != 3 || s[2] != 1 || s[1] != d[2] {
-                candle_core::bail!(
-                    "rope store: {what} must be [t, heads, d] with heads d apart, got {d:?} {s:?}"
-                );
-            }
-            Ok((d[0], d[1], d[2], s[0]))
-        };
-        let (t, heads, d, q_row) = rows(ql, "q")?;
-        let (tk, kv_heads, dk, k_row) = rows(kl, "k")?;
-        let (tv, kv_v, dv, v_row) = rows(vl, "v")?;
+        let (t, heads, d, q_row) = head_rows(ql, "rope store", "q")?;
+        let (tk, kv_heads, dk, k_row) = head_rows(kl, "rope store", "k")?;
+        let (tv, kv_v, dv, v_row) = head_rows(vl, "rope store", "v")?;
         let cache_dims = self.k_cache.dims().to_vec();
         if tk != t
             || tv != t
@@ -468,21 +579,7 @@ impl RopeStore {
         );
         let len = view::<u32>(&len_guard, "len")?;
         let pf_guard = self.prefetch.as_ref().map(|w| w.storage_and_layout());
-        let pf = match &pf_guard {
-            Some(g) if g.1.is_contiguous() && g.1.dims().len() == 2 => {
-                let w = view::<T>(g, "prefetched weight")?;
-                let elem = std::mem::size_of::<T>();
-                let half_rows = g.1.dims()[0] / 2;
-                let half = half_rows * g.1.dims()[1];
-                // Whole 16-byte vectors from 16-byte aligned starts (the bulk prefetch faults
-                // otherwise), or nothing.
-                let n = (prefetch_bytes() / 2).min(half * elem) & !15;
-                let aligned = (half * elem).is_multiple_of(16)
-                    && (g.1.start_offset() * elem).is_multiple_of(16);
-                (aligned && n > 0).then(|| (w.slice(..half), w.slice(half..), n))
-            }
-            _ => None,
-        };
+        let pf = prefetch_ranges::<T>(&pf_guard)?;
         // SAFETY: written in full by the kernel.
         let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
         let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;

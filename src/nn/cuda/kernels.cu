@@ -32,6 +32,28 @@ __device__ __forceinline__ void load_vec(const T *p, float (&out)[E]) {
   for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
 }
 
+// load_vec through the L2 only (`ld.global.cg`): for data this kernel wrote itself, which
+// the read-only path may not see.
+template <typename T, int E>
+__device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
+  constexpr int BYTES = sizeof(T) * E;
+  static_assert(BYTES % 16 == 0 || BYTES == 8 || BYTES == 4 || BYTES == 2, "vector");
+  Vec<T, E> v;
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i)
+      reinterpret_cast<uint4 *>(&v)[i] = __ldcg(reinterpret_cast<const uint4 *>(p) + i);
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2 *>(&v) = __ldcg(reinterpret_cast<const uint2 *>(p));
+  } else if constexpr (BYTES == 4) {
+    *reinterpret_cast<unsigned *>(&v) = __ldcg(reinterpret_cast<const unsigned *>(p));
+  } else {
+    *reinterpret_cast<unsigned short *>(&v) = __ldcg(reinterpret_cast<const unsigned short *>(p));
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -51,6 +73,34 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+
+// L2 prefetch of weights a later kernel of the step reads, from a latency-bound kernel's
+// prologue while HBM would idle: up to two byte ranges (16-byte aligned, whole 16-byte
+// vectors), in 64 KB bulk requests at L2 evict-last priority, consecutive requests on
+// different blocks. Weights only: no kernel writes them, so they may be read before
+// `pdl_begin`. Lab bench (scripts/gemv_lab.cu, docs/gpu-decode-2026-11-25.md): the first 8 MB
+// of the gate/up weight prefetched from RoPE's prologue took 3.5% off a 1B-shaped step and
+// left an 8B-shaped one unchanged (+0.07%).
+__device__ __forceinline__ void prefetch_l2(const char *p0, long n0, const char *p1, long n1) {
+#if __CUDA_ARCH__ >= 900
+  constexpr long CH = 65536;
+  const long c0 = (n0 + CH - 1) / CH, total = c0 + (n1 + CH - 1) / CH;
+  const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
+  const long block = blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z);
+  const long gid = threadIdx.x * blocks + block, stride = blocks * blockDim.x;
+  if (gid >= total) return;
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  for (long c = gid; c < total; c += stride) {
+    const bool first = c < c0;
+    const long off = (first ? c : c - c0) * CH, left = (first ? n0 : n1) - off;
+    const unsigned size = (unsigned)((left < CH ? left : CH) & ~15L);
+    if (size)
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
+                   :: "l"((first ? p0 : p1) + off), "r"(size), "l"(pol) : "memory");
+  }
+#endif
+}
 
 constexpr int WARPS = 4;
 
@@ -125,13 +175,29 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 // only: never on t, the group or the other heads of its block.
 // HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
 // or 4 (long caches: K/V read once for four heads).
+//
+// Fused RoPE and K/V store (`rope.cos` not null; a decode or verification step's graph): q is
+// the projection's output before RoPE, and the step's t new keys and values (positions
+// len - t ... len - 1) are not yet in the cache. The block rotates its query rows as it
+// stages them (rounded to T, as a rotated q tensor would be), and before it reads a split it
+// writes the new positions of that split it sees — k rotated, v as is — into the cache
+// (`rope.kw`, `rope.vw`: the buffers k and v view), which it then reads through the L2
+// (`load_vec_cg`). Every block that sees a new position writes the same bytes there; the
+// query of row i sees its own position, so all t are written. Older positions are only read.
+template <typename T> struct FusedRope {
+  const T *k_new, *v_new;  // [t, kv_heads, d] rows k_row / v_row apart, heads d apart
+  long k_row, v_row;
+  const T *cos, *sin;      // [P, d / 2] tables
+  T *kw, *vw;              // the cache buffers k and v view, written
+};
+
 template <typename T, int E, int HB>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
-                           float softcap) {
+                           float softcap, const FusedRope<T> rope) {
   constexpr int D = 32 * E;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
@@ -150,10 +216,24 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   if (start >= end_split) return;
 
+  constexpr int HALF = D / 2;
+  // First of the step's new positions (with fused RoPE: not in the cache until written here).
+  const int fresh = rope.cos ? len - t : len;
   __shared__ float sq[HB][D];
   for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
     const int h = i / D, e = i % D;
-    sq[h][e] = h < nh ? to_f32(q[(h0 + h) * q_head_stride + row * q_row_stride + e]) : 0.f;
+    const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
+    float x = 0.f;
+    if (h < nh && rope.cos) {
+      const int f = e % HALF;
+      const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
+      const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
+      const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
+      x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
+    } else if (h < nh) {
+      x = to_f32(qr[e]);
+    }
+    sq[h][e] = x;
   }
   __syncthreads();
   const T *kb = k + blockIdx.y * kv_head_stride;
@@ -164,6 +244,25 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     const int hi = min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
     if (window > 0) lo = max(lo, qpos + 1 - window);
+    if (rope.cos && hi > max(lo, fresh)) {
+      // The new positions of this split this query sees, into the cache.
+      const int p0 = max(lo, fresh);
+      for (int idx = threadIdx.x; idx < (hi - p0) * HALF; idx += blockDim.x) {
+        const int p = p0 + idx / HALF, f = idx % HALF, i = p - fresh;
+        const float c = to_f32(rope.cos[(long)p * HALF + f]);
+        const float sn = to_f32(rope.sin[(long)p * HALF + f]);
+        const T *x = rope.k_new + i * rope.k_row + (long)blockIdx.y * D;
+        const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+        T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+        o[f] = from_f32<T>(x1 * c - x2 * sn);
+        o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
+        const T *vn = rope.v_new + i * rope.v_row + (long)blockIdx.y * D;
+        T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+        w[f] = vn[f];
+        w[f + HALF] = vn[f + HALF];
+      }
+      __syncthreads();
+    }
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
@@ -187,7 +286,10 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int c = 0; c < D; c += V16) {
           float kv_[V16];
-          load_vec<T, V16>(kr + c, kv_);
+          if (j >= fresh)
+            load_vec_cg<T, V16>(kr + c, kv_);
+          else
+            load_vec<T, V16>(kr + c, kv_);
 #pragma unroll
           for (int h = 0; h < HB; ++h)
 #pragma unroll
@@ -220,7 +322,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         float vv[VB][E];
 #pragma unroll
         for (int u = 0; u < VB; ++u) {
-          if (base + u < n) {
+          if (base + u < n && tile + base + u >= fresh) {
+            load_vec_cg<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+          } else if (base + u < n) {
             load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
           } else {
 #pragma unroll
@@ -299,15 +403,21 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   }
 }
 
+// With fused RoPE (cos not null) the prologue also prefetches [pf0, pf0 + pf0_n) and
+// [pf1, pf1 + pf1_n) into the L2 (`prefetch_l2`; lengths 0 for none).
 #define ATTN_SPLIT1(NAME, T, E, HB)                                                            \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap) {                                                                    \
+           float softcap, const T *k_new, long k_row, const T *v_new, long v_row,             \
+           const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,             \
+           const char *pf1, long pf1_n) {                                                      \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     pdl_begin();                                                                               \
     attn_split<T, E, HB>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride,  \
-                         q_row_stride, kv_head_stride, split_len, splits, window, softcap);   \
+                         q_row_stride, kv_head_stride, split_len, splits, window, softcap,    \
+                         FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});         \
   }
 #define ATTN_SPLIT(NAME, T, E) ATTN_SPLIT1(NAME##_h1, T, E, 1) ATTN_SPLIT1(NAME##_h4, T, E, 4)
 
@@ -693,34 +803,6 @@ __device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restr
     w[e] = y[e];
     w[e + half] = y[e + half];
   }
-}
-
-// L2 prefetch of weights a later kernel of the step reads, from a latency-bound kernel's
-// prologue while HBM would idle: up to two byte ranges (16-byte aligned, whole 16-byte
-// vectors), in 64 KB bulk requests at L2 evict-last priority, consecutive requests on
-// different blocks. Weights only: no kernel writes them, so they may be read before
-// `pdl_begin`. Lab bench (scripts/gemv_lab.cu, docs/gpu-decode-2026-11-25.md): the first 8 MB
-// of the gate/up weight prefetched from RoPE's prologue took 3.5% off a 1B-shaped step and
-// left an 8B-shaped one unchanged (+0.07%).
-__device__ __forceinline__ void prefetch_l2(const char *p0, long n0, const char *p1, long n1) {
-#if __CUDA_ARCH__ >= 900
-  constexpr long CH = 65536;
-  const long c0 = (n0 + CH - 1) / CH, total = c0 + (n1 + CH - 1) / CH;
-  const long blocks = (long)gridDim.x * gridDim.y * gridDim.z;
-  const long block = blockIdx.x + (long)gridDim.x * (blockIdx.y + (long)gridDim.y * blockIdx.z);
-  const long gid = threadIdx.x * blocks + block, stride = blocks * blockDim.x;
-  if (gid >= total) return;
-  unsigned long long pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  for (long c = gid; c < total; c += stride) {
-    const bool first = c < c0;
-    const long off = (first ? c : c - c0) * CH, left = (first ? n0 : n1) - off;
-    const unsigned size = (unsigned)((left < CH ? left : CH) & ~15L);
-    if (size)
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
-                   :: "l"((first ? p0 : p1) + off), "r"(size), "l"(pol) : "memory");
-  }
-#endif
 }
 
 // The prologue prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) (`prefetch_l2`; lengths 0

@@ -109,8 +109,8 @@ mod dense;
 mod launch;
 
 pub use attention::{
-    flash_attention_applies, split_attention_applies, CausalSoftmax, FlashAttention, RopeStore,
-    SplitAttention,
+    flash_attention_applies, fused_rope, split_attention_applies, AttnRope, CausalSoftmax,
+    FlashAttention, RopeStore, SplitAttention,
 };
 pub use dense::{
     add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
