@@ -217,7 +217,8 @@ impl SplitAttention {
         } else {
             1
         };
-        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}"))?;
+        let fused = if self.rope.is_some() { "_rope" } else { "" };
+        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{fused}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -256,43 +257,38 @@ impl SplitAttention {
             .and_then(|r| r.prefetch.as_ref())
             .map(|w| w.storage_and_layout());
         let pf = prefetch_ranges::<T>(&pf_guard)?;
-        match (&self.rope, &rope_guards) {
-            (Some(r), Some(g)) => {
-                const OP: &str = "split attention with RoPE";
-                let (tk, kvh, dk, k_row) = head_rows(g[0].1, OP, "k")?;
-                let (tv, kvv, dv, v_row) = head_rows(g[1].1, OP, "v")?;
-                let fits = self.len.is_some()
-                    && (tk, kvh, dk) == (t, kv_heads, d)
-                    && (tv, kvv, dv) == (t, kv_heads, d)
-                    && r.cos.dims() == r.sin.dims()
-                    && r.cos.dims().len() == 2
-                    && r.cos.dim(0)? >= max_len
-                    && r.cos.dim(1)? * 2 == d
-                    && r.cos.is_contiguous()
-                    && r.sin.is_contiguous();
-                if !fits {
-                    candle_core::bail!(
-                        "{OP}: k {:?}, v {:?}, tables {:?} do not fit q {:?} over {max_len} keys",
-                        g[0].1.dims(),
-                        g[1].1.dims(),
-                        r.cos.dims(),
-                        ql.dims()
-                    );
-                }
-                let (kn, vn) = (view::<T>(&g[0], "k")?, view::<T>(&g[1], "v")?);
-                let (cos, sin) = (view::<T>(&g[2], "cos")?, view::<T>(&g[3], "sin")?);
-                l.ptr(&kn).val(k_row as i64).ptr(&vn).val(v_row as i64);
-                l.ptr(&cos).ptr(&sin).ptr(&k).ptr(&v);
+        // The fused kernel's arguments after the plain kernel's.
+        if let (Some(r), Some(g)) = (&self.rope, &rope_guards) {
+            const OP: &str = "split attention with RoPE";
+            let (tk, kvh, dk, k_row) = head_rows(g[0].1, OP, "k")?;
+            let (tv, kvv, dv, v_row) = head_rows(g[1].1, OP, "v")?;
+            let fits = self.len.is_some()
+                && (tk, kvh, dk) == (t, kv_heads, d)
+                && (tv, kvv, dv) == (t, kv_heads, d)
+                && r.cos.dims() == r.sin.dims()
+                && r.cos.dims().len() == 2
+                && r.cos.dim(0)? >= max_len
+                && r.cos.dim(1)? * 2 == d
+                && r.cos.is_contiguous()
+                && r.sin.is_contiguous();
+            if !fits {
+                candle_core::bail!(
+                    "{OP}: k {:?}, v {:?}, tables {:?} do not fit q {:?} over {max_len} keys",
+                    g[0].1.dims(),
+                    g[1].1.dims(),
+                    r.cos.dims(),
+                    ql.dims()
+                );
             }
-            _ => {
-                l.null().val(0i64).null().val(0i64);
-                l.null().null().null().null();
-            }
+            let (kn, vn) = (view::<T>(&g[0], "k")?, view::<T>(&g[1], "v")?);
+            let (cos, sin) = (view::<T>(&g[2], "cos")?, view::<T>(&g[3], "sin")?);
+            l.ptr(&kn).val(k_row as i64).ptr(&vn).val(v_row as i64);
+            l.ptr(&cos).ptr(&sin).ptr(&k).ptr(&v);
+            match &pf {
+                Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
+                None => l.null().val(0i64).null().val(0i64),
+            };
         }
-        match &pf {
-            Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
-            None => l.null().val(0i64).null().val(0i64),
-        };
         let cfg = LaunchConfig {
             grid_dim: (
                 (t * group.div_ceil(hb)) as u32,

@@ -176,14 +176,15 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 // HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
 // or 4 (long caches: K/V read once for four heads).
 //
-// Fused RoPE and K/V store (`rope.cos` not null; a decode or verification step's graph): q is
-// the projection's output before RoPE, and the step's t new keys and values (positions
+// Fused RoPE and K/V store (ROPE; a decode or verification step's graph): q is the
+// projection's output before RoPE, and the step's t new keys and values (positions
 // len - t ... len - 1) are not yet in the cache. The block rotates its query rows as it
 // stages them (rounded to T, as a rotated q tensor would be), and before it reads a split it
 // writes the new positions of that split it sees — k rotated, v as is — into the cache
-// (`rope.kw`, `rope.vw`: the buffers k and v view), which it then reads through the L2
-// (`load_vec_cg`). Every block that sees a new position writes the same bytes there; the
-// query of row i sees its own position, so all t are written. Older positions are only read.
+// (`rope.kw`, `rope.vw`: the buffers k and v view). Its K/V loads then all go through the L2
+// (`load_vec_cg`): the read-only path may not see what the kernel wrote. Every block that
+// sees a new position writes the same bytes there; the query of row i sees its own
+// position, so all t are written. Older positions are only read.
 template <typename T> struct FusedRope {
   const T *k_new, *v_new;  // [t, kv_heads, d] rows k_row / v_row apart, heads d apart
   long k_row, v_row;
@@ -191,7 +192,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB>
+template <typename T, int E, int HB, bool ROPE>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -218,13 +219,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 
   constexpr int HALF = D / 2;
   // First of the step's new positions (with fused RoPE: not in the cache until written here).
-  const int fresh = rope.cos ? len - t : len;
+  const int fresh = ROPE ? len - t : len;
   __shared__ float sq[HB][D];
   for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
     const int h = i / D, e = i % D;
     const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
     float x = 0.f;
-    if (h < nh && rope.cos) {
+    if (ROPE && h < nh) {
       const int f = e % HALF;
       const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
       const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
@@ -244,7 +245,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     const int hi = min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
     if (window > 0) lo = max(lo, qpos + 1 - window);
-    if (rope.cos && hi > max(lo, fresh)) {
+    if (ROPE && hi > max(lo, fresh)) {
       // The new positions of this split this query sees, into the cache.
       const int p0 = max(lo, fresh);
       for (int idx = threadIdx.x; idx < (hi - p0) * HALF; idx += blockDim.x) {
@@ -286,7 +287,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int c = 0; c < D; c += V16) {
           float kv_[V16];
-          if (j >= fresh)
+          // With RoPE fused every K/V load goes through the L2: a choice per load would
+          // serialise the batches of independent loads (measured: 2.4x slower kernel).
+          if (ROPE)
             load_vec_cg<T, V16>(kr + c, kv_);
           else
             load_vec<T, V16>(kr + c, kv_);
@@ -322,10 +325,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         float vv[VB][E];
 #pragma unroll
         for (int u = 0; u < VB; ++u) {
-          if (base + u < n && tile + base + u >= fresh) {
-            load_vec_cg<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
-          } else if (base + u < n) {
-            load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+          if (base + u < n) {
+            if (ROPE)
+              load_vec_cg<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+            else
+              load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
           } else {
 #pragma unroll
             for (int e = 0; e < E; ++e) vv[u][e] = 0.f;
@@ -405,19 +409,33 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 
 // With fused RoPE (cos not null) the prologue also prefetches [pf0, pf0 + pf0_n) and
 // [pf1, pf1 + pf1_n) into the L2 (`prefetch_l2`; lengths 0 for none).
+// `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
+// prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
+// (`prefetch_l2`; lengths 0 for none).
 #define ATTN_SPLIT1(NAME, T, E, HB)                                                            \
   extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap, const T *k_new, long k_row, const T *v_new, long v_row,             \
-           const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,             \
-           const char *pf1, long pf1_n) {                                                      \
+           float softcap) {                                                                    \
+    pdl_begin();                                                                               \
+    attn_split<T, E, HB, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,          \
+                                q_head_stride, q_row_stride, kv_head_stride, split_len,       \
+                                splits, window, softcap, FusedRope<T>{});                     \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
+      NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
+                  const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
+                  long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
+                  int splits, int window, float softcap, const T *k_new, long k_row,          \
+                  const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
+                  const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     pdl_begin();                                                                               \
-    attn_split<T, E, HB>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride,  \
-                         q_row_stride, kv_head_stride, split_len, splits, window, softcap,    \
-                         FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});         \
+    attn_split<T, E, HB, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,           \
+                               q_head_stride, q_row_stride, kv_head_stride, split_len,        \
+                               splits, window, softcap,                                       \
+                               FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
   }
 #define ATTN_SPLIT(NAME, T, E) ATTN_SPLIT1(NAME##_h1, T, E, 1) ATTN_SPLIT1(NAME##_h4, T, E, 4)
 
