@@ -42,7 +42,7 @@ one() {  # one <binary> <dtype> [filter...]
   line=$(echo "$out" | grep -E "^test result:" | tail -1)
   [ -n "$line" ] || line="no result line (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))"
   echo "$line" | tee -a "$log"
-  echo "| \`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
+  echo "| ${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
   if [ $rc -ne 0 ]; then
     status=1
     echo "$out" | grep -E "panicked at|^---- |relative error|assert" | head -20 | sed 's/^/    /' >> "$report.failures"
@@ -55,6 +55,9 @@ for path in "$run"/*; do
 done
 one models bf16 logits_match_transformers
 one models bf16 tiny_models_decode_incrementally_like_a_full_forward
+# Recorded steps with RoPE's own kernel before the split attention (the default fuses them).
+SPECDEC_FUSED_ROPE=0 one decode_graphs f32
+SPECDEC_FUSED_ROPE=0 one decode_graphs bf16
 if [ -f "$report.failures" ]; then
   { echo; echo "## Failures"; echo; echo '```'; cat "$report.failures"; echo '```'; } >> "$report"
   rm -f "$report.failures"
