@@ -8,8 +8,12 @@ use candle_core::{CpuStorage, CustomOp3, InplaceOp1, Layout, Shape, Storage, Ten
 use super::launch::Launch;
 use super::view;
 
-/// Warps per block of the split kernel (`WARPS` in kernels.cu).
+/// Warps per block of the split kernel (`W` in kernels.cu) over caches shorter than
+/// [`wide_min_len`].
 const WARPS: u32 = 4;
+/// Warps per block over caches of at least [`wide_min_len`] keys: one 32-key tile per warp
+/// and split instead of two after each other, and twice the K/V loads in flight.
+const WIDE_WARPS: u32 = 8;
 
 /// Keys per split of [`SplitAttention`]: two 32-key tiles per warp. A query that sees at most
 /// this many keys has one split and writes its output directly, without the partial row,
@@ -18,7 +22,7 @@ const WARPS: u32 = 4;
 /// capacity only, never on the row count, so verification rows stay bitwise decode rows.
 pub const SPLIT_LEN: usize = 256;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
-const MAX_SPLITS: usize = 1024;
+const MAX_SPLITS: usize = 512;
 /// Most blocks per query head: past `SPLIT_BLOCKS` splits a block takes several, one after
 /// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 1,024):
 /// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
@@ -75,6 +79,18 @@ pub struct AttnRope {
     pub v: Tensor,
     /// As [`RopeStore::prefetch`], from the attention kernel's prologue.
     pub prefetch: Option<Tensor>,
+}
+
+/// Keys from which the split kernel runs [`WIDE_WARPS`] warps a block: 1,024 unless
+/// `SPECDEC_ATTN_WIDE_MIN_LEN` says otherwise (read once; for comparisons in one build).
+fn wide_min_len() -> usize {
+    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LEN.get_or_init(|| {
+        std::env::var("SPECDEC_ATTN_WIDE_MIN_LEN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1024)
+    })
 }
 
 /// Whether graph steps fuse RoPE and the K/V store into the split attention
@@ -217,8 +233,13 @@ impl SplitAttention {
         } else {
             1
         };
+        let (warps, wide) = if max_len >= wide_min_len() {
+            (WIDE_WARPS, "_w8")
+        } else {
+            (WARPS, "")
+        };
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{fused}"))?;
+        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -295,7 +316,7 @@ impl SplitAttention {
                 kv_heads as u32,
                 splits.min(SPLIT_BLOCKS) as u32,
             ),
-            block_dim: (WARPS * 32, 1, 1),
+            block_dim: (warps * 32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the argument list matches `attn_split` in kernels.cu; every index the

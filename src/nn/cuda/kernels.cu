@@ -102,52 +102,73 @@ __device__ __forceinline__ void prefetch_l2(const char *p0, long n0, const char 
 #endif
 }
 
-constexpr int WARPS = 4;
 
-// Combines n splits' partial results p[s * (D + 2) ...] = (m, l, acc[D]) into
-// out[e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s. One
-// block: the splits' weights are staged in shared memory by all threads at once (one round
-// of independent loads, not a chain of n dependent ones), then every thread sums its
-// dimensions. Reads through L2 (`__ldcg`): other blocks wrote p.
-constexpr int MAX_SPLITS = 1024;
 // Split counts of attn_split, per (row, head): zero at module load, back to zero after each
 // launch. `ATTN_COUNTERS` in attention.rs.
 constexpr int ATTN_COUNTERS = 8192;
 __device__ unsigned int attn_done[ATTN_COUNTERS];
-template <typename T, int D>
-__device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__ out) {
-  __shared__ float weight[MAX_SPLITS];
-  __shared__ float red[32];
-  const int warps = (blockDim.x + 31) / 32;
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    weight[s] = __ldcg(p + (long)s * (D + 2));
-    m = fmaxf(m, weight[s]);
+// Most splits (`MAX_SPLITS` in attention.rs): the combine stages one weight per split and head
+// in shared memory.
+constexpr int MAX_SPLITS = 512;
+
+// Combines the n splits' partial results of nh ≤ HB heads at once: head h's split s is
+// p[h * head_stride + s * (D + 2) ...] = (m, l, acc[D]), and its output
+// out[h * D + e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s.
+// Warp h takes head h's scalars (one round of independent loads for the m's, one for the l's,
+// the weights staged in shared memory); then every thread sums its (head, dimension) items
+// over the splits, eight splits' loads in flight per item. All heads' chains of loads
+// overlap: combining four heads one after another made an 8k-key decode step's combine a
+// chain of ~24 dependent L2 round trips, now ~6. Per head the arithmetic is that head's
+// alone (sums in split order), so a row's result does not depend on its neighbours. Reads
+// through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
+template <typename T, int D, int HB, int W>
+__device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int n,
+                             T *__restrict__ out) {
+  static_assert(HB <= W, "one warp per head's scalars");
+  __shared__ float weight[HB][MAX_SPLITS];
+  __shared__ float total[HB];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp < nh) {
+    const float *ph = p + warp * head_stride;
+    float m = -INFINITY;
+    for (int s = lane; s < n; s += 32) {
+      const float ms = __ldcg(ph + (long)s * (D + 2));
+      weight[warp][s] = ms;
+      m = fmaxf(m, ms);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int s = lane; s < n; s += 32) {
+      const float ms = weight[warp][s];
+      const float wgt = ms > -INFINITY ? __expf(ms - m) : 0.f;
+      weight[warp][s] = wgt;
+      l += __ldcg(ph + (long)s * (D + 2) + 1) * wgt;
+    }
+    l = warp_sum(l);
+    if (lane == 0) total[warp] = l;
+  }
+  __syncthreads();
+  constexpr int ITEMS = (HB * D + W * 32 - 1) / (W * 32);
+  float a[ITEMS];
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) a[it] = 0.f;
+  for (int s0 = 0; s0 < n; s0 += 8) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u;
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it) {
+        const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
+        if (s < n && h < nh)
+          a[it] += __ldcg(p + h * head_stride + (long)s * (D + 2) + 2 + e) * weight[h][s];
+      }
+    }
   }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
-  __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < warps; ++w) M = fmaxf(M, red[w]);
-  __syncthreads();
-  float l = 0.f;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const float ms = weight[s];
-    const float wgt = ms > -INFINITY ? __expf(ms - M) : 0.f;
-    weight[s] = wgt;
-    l += __ldcg(p + (long)s * (D + 2) + 1) * wgt;
-  }
-  l = warp_sum(l);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = l;
-  __syncthreads();
-  float L = 0.f;
-  for (int w = 0; w < warps; ++w) L += red[w];
-  for (int e = threadIdx.x; e < D; e += blockDim.x) {
-    float a = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < n; ++s) a += __ldcg(p + (long)s * (D + 2) + 2 + e) * weight[s];
-    out[e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+  for (int it = 0; it < ITEMS; ++it) {
+    const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
+    if (h < nh) out[h * D + e] = from_f32<T>(total[h] > 0.f ? a[it] / total[h] : 0.f);
   }
 }
 
@@ -155,8 +176,8 @@ __device__ void attn_combine(const float *__restrict__ p, int n, T *__restrict__
 //
 // Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
 // HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
-// z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: WARPS
-// warps. Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
+// z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: W
+// warps (4, or 8 over long caches: twice the loads in flight, half the chain of tiles). Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
 // one tile per warp at a time: lane l loads key tile + l once and scores it against each of
 // the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
 // lane loads its E dimensions of each of the tile's value rows once and accumulates them for
@@ -192,7 +213,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB, bool ROPE>
+template <typename T, int E, int HB, int W, bool ROPE>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -221,49 +242,53 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // First of the step's new positions (with fused RoPE: not in the cache until written here).
   const int fresh = ROPE ? len - t : len;
   __shared__ float sq[HB][D];
-  for (int i = threadIdx.x; i < HB * D; i += blockDim.x) {
+  // The query rows into shared memory (rotated with RoPE fused) and, with RoPE fused, the new
+  // positions this query sees in this block's splits into the cache, in one loop: both
+  // rounds of loads in flight together, one barrier for both. The new positions are the
+  // last t ≤ 32 < split_len, so they lie in at most two splits.
+  const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
+  for (int i = threadIdx.x; i < max(HB * D, writes); i += blockDim.x) {
     const int h = i / D, e = i % D;
-    const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
-    float x = 0.f;
-    if (ROPE && h < nh) {
-      const int f = e % HALF;
-      const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
-      const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
-      const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
-      x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
-    } else if (h < nh) {
-      x = to_f32(qr[e]);
+    if (h < HB) {
+      const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
+      float x = 0.f;
+      if (ROPE && h < nh) {
+        const int f = e % HALF;
+        const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
+        const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
+        const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
+        x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
+      } else if (h < nh) {
+        x = to_f32(qr[e]);
+      }
+      sq[h][e] = x;
     }
-    sq[h][e] = x;
+    const int p = fresh + i / HALF, f = i % HALF, split = p / split_len;
+    const bool visible = window <= 0 || p > qpos - window;
+    if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
+      const int n = p - fresh;
+      const float c = to_f32(rope.cos[(long)p * HALF + f]);
+      const float sn = to_f32(rope.sin[(long)p * HALF + f]);
+      const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
+      const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+      o[f] = from_f32<T>(x1 * c - x2 * sn);
+      o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
+      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
+      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+      w[f] = vn[f];
+      w[f + HALF] = vn[f + HALF];
+    }
   }
   __syncthreads();
   const T *kb = k + blockIdx.y * kv_head_stride;
   const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
-  __shared__ float sm[WARPS][HB], sl[WARPS][HB], sacc[WARPS][HB][D];
+  __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
   int mine = 0;  // splits this block wrote
   for (int split = start; split < end_split; split += zs, ++mine) {
     const int hi = min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
     if (window > 0) lo = max(lo, qpos + 1 - window);
-    if (ROPE && hi > max(lo, fresh)) {
-      // The new positions of this split this query sees, into the cache.
-      const int p0 = max(lo, fresh);
-      for (int idx = threadIdx.x; idx < (hi - p0) * HALF; idx += blockDim.x) {
-        const int p = p0 + idx / HALF, f = idx % HALF, i = p - fresh;
-        const float c = to_f32(rope.cos[(long)p * HALF + f]);
-        const float sn = to_f32(rope.sin[(long)p * HALF + f]);
-        const T *x = rope.k_new + i * rope.k_row + (long)blockIdx.y * D;
-        const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
-        T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
-        o[f] = from_f32<T>(x1 * c - x2 * sn);
-        o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
-        const T *vn = rope.v_new + i * rope.v_row + (long)blockIdx.y * D;
-        T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
-        w[f] = vn[f];
-        w[f + HALF] = vn[f + HALF];
-      }
-      __syncthreads();
-    }
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
@@ -272,7 +297,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
     }
-    for (int tile = split * split_len + warp * 32; tile < hi; tile += WARPS * 32) {
+    for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
       const bool live = j >= lo && j < hi;
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
@@ -319,7 +344,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       }
       // Value rows in batches of VB independent loads, each batch one round trip to memory
       // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
-      constexpr int VB = E <= 4 ? 16 : 8;
+      constexpr int VB = E <= 2 ? 32 : E <= 4 ? 16 : 8;
       const int n = min(32, hi - tile);
       for (int base = 0; base < n; base += VB) {
         float vv[VB][E];
@@ -361,17 +386,17 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     for (int h = 0; h < nh; ++h) {
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][h]);
+      for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][h]);
       float L = 0.f;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w)
+      for (int w = 0; w < W; ++w)
         if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
       const int rh = row * heads + h0 + h;
       float *out = part + ((long)rh * splits + split) * (D + 2);
       for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w)
+        for (int w = 0; w < W; ++w)
           if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
         if (only)
           y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
@@ -399,12 +424,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int h = 0; h < nh; ++h) {
-    const int rh = row * heads + h0 + h;
-    attn_combine<T, D>(part + ((long)rh * splits + first_split) * (D + 2),
-                       end_split - first_split, y + (long)rh * D);
-    __syncthreads();  // the combine's shared weights are the next head's
-  }
+  const int rh = row * heads + h0;
+  attn_combine<T, D, HB, W>(part + ((long)rh * splits + first_split) * (D + 2),
+                         (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
 }
 
 // With fused RoPE (cos not null) the prologue also prefetches [pf0, pf0 + pf0_n) and
@@ -412,18 +434,18 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
-#define ATTN_SPLIT1(NAME, T, E, HB)                                                            \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
+#define ATTN_SPLIT1(NAME, T, E, HB, W)                                                          \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
            float softcap) {                                                                    \
     pdl_begin();                                                                               \
-    attn_split<T, E, HB, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,          \
+    attn_split<T, E, HB, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
                                 splits, window, softcap, FusedRope<T>{});                     \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32)                                     \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
                   const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
                   long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
@@ -432,12 +454,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     pdl_begin();                                                                               \
-    attn_split<T, E, HB, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,           \
+    attn_split<T, E, HB, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap,                                       \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
   }
-#define ATTN_SPLIT(NAME, T, E) ATTN_SPLIT1(NAME##_h1, T, E, 1) ATTN_SPLIT1(NAME##_h4, T, E, 4)
+#define ATTN_SPLIT(NAME, T, E)                                                                 \
+  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)
 
 ATTN_SPLIT(attn_split_f32_d32, float, 1)
 ATTN_SPLIT(attn_split_f32_d64, float, 2)
