@@ -121,12 +121,13 @@ __global__ void rope_store_pf(const bf *q, long q_row, const bf *k, long k_row, 
 }
 // attn_split_bf16_d{64,128}_h1 with the prefetches in its prologue.
 template <int E>
-__global__ void __launch_bounds__(WARPS * 32) attn_split_pf(const bf *q, const bf *k, const bf *v, float *part, bf *y, const uint32_t *len_ptr,
+__global__ void __launch_bounds__(4 * 32) attn_split_pf(const bf *q, const bf *k, const bf *v, float *part, bf *y, const uint32_t *len_ptr,
                                                             uint32_t len_arg, int t, int heads, int group, long q_head_stride, long q_row_stride,
                                                             long kv_head_stride, int split_len, int splits, int window, float softcap, PfSet s) {
   pf_issue(s, blk_cnt(), blk_lin(), blockDim.x, threadIdx.x);
   pdl_begin();
-  attn_split<bf, E, 1>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride, q_row_stride, kv_head_stride, split_len, splits, window, softcap);
+  attn_split<bf, E, 1, 4, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride, q_row_stride, kv_head_stride, split_len, splits, window, softcap,
+                                FusedRope<bf>{});
 }
 // The folded output projection (gemv_tc_resid_bf16_n1_w16_v2) with the prefetches in its
 // prologue: its blocks start when the attention passes its wait, so the requests go out while
