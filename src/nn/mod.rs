@@ -32,6 +32,7 @@ pub use fused::{
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
+pub use skinny::skinny_matmul;
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
 pub use tokens::DeviceTokens;
 pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout, GRAPH_MAX_ROWS};
