@@ -15,7 +15,8 @@ const WARPS: u32 = 4;
 /// and split instead of two after each other, and twice the K/V loads in flight.
 const WIDE_WARPS: u32 = 8;
 
-/// Keys per split of [`SplitAttention`]: two 32-key tiles per warp. A query that sees at most
+/// Keys per split of [`SplitAttention`]: two 32-key tiles per warp of four, one per warp of
+/// eight. A query that sees at most
 /// this many keys has one split and writes its output directly, without the partial row,
 /// count and combine (a chain of dependent global loads that dominates at short contexts);
 /// an 8k cache still spreads over 32 splits per head. The boundaries depend on the cache's
@@ -24,7 +25,7 @@ pub const SPLIT_LEN: usize = 256;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 512;
 /// Most blocks per query head: past `SPLIT_BLOCKS` splits a block takes several, one after
-/// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 1,024):
+/// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 512):
 /// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
 /// context (ncu, H200), nearly all of its blocks without a key to read.
 const SPLIT_BLOCKS: usize = 64;
