@@ -343,8 +343,8 @@ pub fn split_attention_applies(q: &Tensor, k: &Tensor) -> bool {
     // Elements per 16-byte load, and per lane's share of a row.
     let align = (16 / k.dtype().size_in_bytes()).max(d / 32).max(1);
     let l = k.layout();
-    let aligned =
-        l.start_offset() % align == 0 && l.stride().iter().all(|&s| s == 1 || s % align == 0);
+    let aligned = l.start_offset().is_multiple_of(align)
+        && l.stride().iter().all(|&s| s == 1 || s % align == 0);
     q.device().is_cuda() && matches!(d, 32 | 64 | 128 | 256) && aligned
 }
 
@@ -423,7 +423,8 @@ pub fn flash_attention_applies(q: &Tensor, k: &Tensor) -> bool {
     let d = q.dims().last().copied().unwrap_or(0);
     let aligned = |t: &Tensor, align: usize| {
         let l = t.layout();
-        l.start_offset() % align == 0 && l.stride().iter().all(|&s| s == 1 || s % align == 0)
+        l.start_offset().is_multiple_of(align)
+            && l.stride().iter().all(|&s| s == 1 || s % align == 0)
     };
     q.device().is_cuda()
         && matches!(q.dtype(), DType::BF16 | DType::F16)
@@ -462,7 +463,7 @@ impl CausalSoftmax {
         };
         let keys = *l.dims().last().unwrap_or(&0);
         let total_rows = (end - start) / keys.max(1);
-        if keys == 0 || self.rows == 0 || total_rows % self.rows != 0 {
+        if keys == 0 || self.rows == 0 || !total_rows.is_multiple_of(self.rows) {
             candle_core::bail!(
                 "causal softmax: {total_rows} rows of {keys} keys are not heads of {} queries",
                 self.rows

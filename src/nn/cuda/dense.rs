@@ -305,22 +305,22 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
         && w.rank() == 2
         && (1..=GEMV_MAX_ROWS).contains(&x.dims()[0])
         && x.dims()[1] == w.dims()[1]
-        && x.dims()[1] % vector == 0
-        && w.dims()[0] % 4 == 0
+        && x.dims()[1].is_multiple_of(vector)
+        && w.dims()[0].is_multiple_of(4)
         && x.dtype() == w.dtype()
         && matches!(
             w.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16 | candle_core::DType::F32
         )
         && w.is_contiguous()
-        && w.layout().start_offset() % vector == 0
+        && w.layout().start_offset().is_multiple_of(vector)
 }
 
 /// True when [`Gemv`] with `silu_gate` takes `x: [rows, in]` and the fused gate/up weight
 /// `w: [2 inter, in]`: [`gemv_applies`], on the tensor-core path (bf16 / f16, `in` a
 /// multiple of 32) with `inter` a multiple of 8.
 pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
-    tensor_core_applies(x, w) && w.dims()[0] % 16 == 0 && knobs().silu_gate
+    tensor_core_applies(x, w) && w.dims()[0].is_multiple_of(16) && knobs().silu_gate
 }
 
 /// [`gemv_applies`] on the tensor-core path: bf16 / f16, `in` a multiple of 32, not switched
@@ -331,7 +331,7 @@ fn tensor_core_applies(x: &Tensor, w: &Tensor) -> bool {
             w.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16
         )
-        && w.dims()[1] % 32 == 0
+        && w.dims()[1].is_multiple_of(32)
         && tensor_core_gemv()
 }
 
@@ -341,7 +341,7 @@ pub fn folds(x: &Tensor) -> bool {
     x.device().is_cuda()
         && x.rank() == 2
         && (1..=GEMV_MAX_ROWS).contains(&x.dims()[0])
-        && x.dims()[1] % 32 == 0
+        && x.dims()[1].is_multiple_of(32)
         && matches!(
             x.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16
@@ -363,7 +363,7 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
     let vector = 16 / aux.dtype().size_in_bytes().max(1);
     let fits = if norm {
         aux.dims() == [x.dims()[1]]
-            && aux.layout().start_offset() % vector == 0
+            && aux.layout().start_offset().is_multiple_of(vector)
             && aux.elem_count() * aux.dtype().size_in_bytes() <= NORM_WEIGHT_SMEM
     } else {
         !silu_gate && aux.dims() == [x.dims()[0], w.dims()[0]]
@@ -446,11 +446,11 @@ const NORM_VECS: usize = 8;
 pub fn add_rmsnorm_applies(x: &Tensor, y: &Tensor) -> bool {
     let size = x.dtype().size_in_bytes();
     let vec = 16 / size.max(1);
-    let aligned = |t: &Tensor| t.layout().start_offset() % vec == 0;
+    let aligned = |t: &Tensor| t.layout().start_offset().is_multiple_of(vec);
     x.device().is_cuda()
         && x.rank() == 2
         && x.dims() == y.dims()
-        && x.dims()[1] % vec == 0
+        && x.dims()[1].is_multiple_of(vec)
         && x.dims()[1] * size <= NORM_THREADS * NORM_VECS * 16
         && aligned(x)
         && aligned(y)
