@@ -214,7 +214,7 @@ impl SplitAttention {
         } = qkv_shape("split attention", ql, kl, vl)?;
         let group = heads / kv_heads;
         let max_len = self.len.as_ref().map_or(len, |(_, m)| *m);
-        // Whole 128-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
+        // Whole SPLIT_LEN-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
         // weight per split in shared memory).
         let split_len = SPLIT_LEN * max_len.div_ceil(SPLIT_LEN * MAX_SPLITS).max(1);
         let splits = max_len.div_ceil(split_len);

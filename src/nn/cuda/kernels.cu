@@ -200,8 +200,9 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
 // Fused RoPE and K/V store (ROPE; a decode or verification step's graph): q is the
 // projection's output before RoPE, and the step's t new keys and values (positions
 // len - t ... len - 1) are not yet in the cache. The block rotates its query rows as it
-// stages them (rounded to T, as a rotated q tensor would be), and before it reads a split it
-// writes the new positions of that split it sees — k rotated, v as is — into the cache
+// stages them (rounded to T, as a rotated q tensor would be) and, in the same loop, before
+// any split is read, writes the new positions of its splits it sees — k rotated, v as is —
+// into the cache
 // (`rope.kw`, `rope.vw`: the buffers k and v view). Its K/V loads then all go through the L2
 // (`load_vec_cg`): the read-only path may not see what the kernel wrote. Every block that
 // sees a new position writes the same bytes there; the query of row i sees its own
@@ -429,8 +430,6 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                          (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
 }
 
-// With fused RoPE (cos not null) the prologue also prefetches [pf0, pf0 + pf0_n) and
-// [pf1, pf1 + pf1_n) into the L2 (`prefetch_l2`; lengths 0 for none).
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
