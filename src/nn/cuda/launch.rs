@@ -7,15 +7,38 @@
 //! programmatic edge only between adjacent kernels: the step's memory nodes sat between them
 //! until `graph_edges` (2026-11-25), so before then PDL never took effect in replayed steps
 //! (measured within noise, ≤ 1%); in the lab bench it is worth 2.9% of an 8B-shaped step.
+use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys, CudaFunction, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    sys, CudaFunction, CudaModule, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 
-use super::{MODULE, PTX};
+use super::FATBIN;
+
+/// specdec's kernel module on `dev`, loaded from the fat binary at its first use there (the
+/// driver picks the machine code built for this GPU, else compiles the PTX). candle's
+/// `get_or_load_custom_func` takes PTX text only, hence our own cache, one module a device.
+fn module(dev: &CudaDevice) -> candle_core::Result<Arc<CudaModule>> {
+    static MODULES: OnceLock<Mutex<HashMap<DeviceId, Arc<CudaModule>>>> = OnceLock::new();
+    let mut modules = MODULES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|e| candle_core::Error::Msg(format!("kernel module cache: {e}")))?;
+    if let Some(m) = modules.get(&dev.id()) {
+        return Ok(m.clone());
+    }
+    let m = dev
+        .cuda_stream()
+        .context()
+        .load_module(Ptx::from_binary(FATBIN.to_vec()))
+        .w()?;
+    modules.insert(dev.id(), m.clone());
+    Ok(m)
+}
 
 /// Whether launches carry the PDL attribute: compute capability 9.0 or newer, unless
 /// `SPECDEC_PDL=0`. Read once (the first device asked decides; specdec runs one GPU kind).
@@ -45,9 +68,7 @@ impl Launch {
     /// The kernel `name` of specdec's module on `dev`'s stream.
     pub(super) fn new(dev: &CudaDevice, name: &str) -> candle_core::Result<Self> {
         Ok(Self {
-            func: dev
-                .get_or_load_custom_func(name, MODULE, PTX)?
-                .into_cuda_function(),
+            func: module(dev)?.load_function(name).w()?,
             stream: dev.cuda_stream(),
             slots: Vec::with_capacity(16),
             pdl: pdl(dev),

@@ -1,5 +1,6 @@
-//! specdec's own CUDA kernels (`kernels.cu`, compiled to PTX by `build.rs`) behind candle's
-//! custom-op interface. Only built with the `cuda` feature; callers keep candle's ops as the
+//! specdec's own CUDA kernels (`kernels.cu`, compiled by `build.rs` into a fat binary: machine
+//! code for the build's GPU architecture and PTX for newer ones) behind candle's custom-op
+//! interface. Only built with the `cuda` feature; callers keep candle's ops as the
 //! path on every other device.
 //!
 //! * [`attention`] — attention over a KV cache in place, flash attention of prefills, the
@@ -9,8 +10,8 @@
 //!   RMSNorm, row argmax.
 use candle_core::{Layout, Storage};
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/specdec_kernels.ptx"));
-const MODULE: &str = "specdec_kernels";
+/// The kernels' fat binary (`build.rs`).
+const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/specdec_kernels.fatbin"));
 
 /// `impl CustomOp3` for an op whose `launch::<T>(&self, dev, dtype_name, a, b, c)` runs its
 /// kernel for one float dtype: the CPU refuses (callers take candle's ops there), CUDA
