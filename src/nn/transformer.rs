@@ -577,7 +577,13 @@ impl Decoder {
             return Ok(None);
         };
         let t = tokens.len();
-        if t > GRAPH_MAX_ROWS || !super::fused::graphs_enabled() {
+        // A sequence's first forward (a prefill from position 0) takes the ordinary path
+        // however short: a fresh cache has no buffers to record against, and a cache reset
+        // after earlier use still has its buffers, so graphing it there would give a short
+        // prompt other (half-precision) logits than on a fresh cache. Measured: the oracle
+        // benchmark's references (a fresh cache) then left a reused cache's outputs from the
+        // start of the generation for its 13-token prompt (2026-11-25, H100).
+        if t > GRAPH_MAX_ROWS || cache.offset() == 0 || !super::fused::graphs_enabled() {
             return Ok(None);
         }
         let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
