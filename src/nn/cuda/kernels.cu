@@ -252,8 +252,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // graph's input buffer, or an argument), so the requests may overlap the kernel ahead; the
   // loads after `pdl_begin` then find the rows in the L2 instead of HBM. (Loading the first
   // tile into registers instead held 70-130 more registers a thread and measured slower.)
-  // Lab bench, H100, 2026-11-25: the 1B-shaped step -2.7%, the 8B-shaped -1.2%.
-  {
+  // Lab bench, H100, 2026-11-25: the 1B-shaped step -2.7%, the 8B-shaped -1.2%; in the model
+  // 1B decode at 128 tokens -3.4%, 8B -1.8%. Only for queries that see at most PF_SPLITS
+  // splits: over an 8,000-token cache every block's prefetch together is the layer's whole
+  // K/V (33 MB for the 8B shape), issued while the product ahead streams its weights, and
+  // decode there measured 1-2% slower. Touches no result: the loads read the same bytes.
+  constexpr int PF_SPLITS = 4;
+  if (end_split - first_split <= PF_SPLITS) {
     const int a = start * split_len, b = min((start + 1) * split_len, len - t);
     constexpr int LINES = D * sizeof(T) >= 128 ? D * sizeof(T) / 128 : 1;  // 128-byte lines a row
     const T *kr = k + blockIdx.y * kv_head_stride, *vr = v + blockIdx.y * kv_head_stride;
