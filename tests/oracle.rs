@@ -87,7 +87,40 @@ fn measured_acceptance_matches_alpha_within_sampling_error() {
             "alpha {alpha}: measured {estimate:.4} over {n} judged drafts (bound ±{bound:.4})"
         );
         assert!(n > 300, "alpha {alpha}: only {n} judged drafts");
+        assert_eq!(oracle.reference_mismatches(), 0, "alpha {alpha}");
     }
+}
+
+/// A reference that is not the target's greedy continuation (here planted in the store; on a
+/// GPU, a reference pass that computed other half-precision logits than the run) breaks the
+/// oracle's premise: kept tokens get rejected, and the oracle counts every such step.
+#[test]
+fn a_reference_the_target_does_not_follow_is_counted() {
+    let target = Arc::new(Toy::new(VOCAB, 16, 3, 3.0, Some(7)));
+    let p = params(30, 4);
+    let store = ReferenceStore::default();
+    let mut oracle =
+        OracleDrafter::new("oracle", Arc::clone(&target), 1.0, None, store.clone()).unwrap();
+    let record = run_oracle(&target, &mut oracle, &prompt(1), &p, 1);
+    assert_eq!(oracle.reference_mismatches(), 0);
+    assert!(record
+        .accepted
+        .iter()
+        .zip(&record.proposed)
+        .all(|(a, p)| a == p));
+    // The same prompt's reference, each token moved to the next id: never the target's.
+    let wrong: Vec<u32> = run_ar(&target, &prompt(1), &p)
+        .iter()
+        .map(|&t| (t + 1) % VOCAB as u32)
+        .collect();
+    store.lock().unwrap().insert(prompt(1), wrong);
+    let record = run_oracle(&target, &mut oracle, &prompt(1), &p, 1);
+    // Greedy output is still the target's own; every step rejected its first proposal.
+    assert_eq!(record.output_ids, run_ar(&target, &prompt(1), &p));
+    assert!(record.accepted.iter().all(|&a| a == 0));
+    let judged = record.proposed.iter().filter(|&&n| n > 0).count();
+    assert!(judged > 20, "{judged} steps with proposals");
+    assert_eq!(oracle.reference_mismatches(), judged);
 }
 
 #[test]

@@ -36,6 +36,16 @@ pub struct OracleDrafter<M> {
     /// `(prompt length, greedy continuation)` of the prompt being generated.
     current: Option<(usize, Arc<[u32]>)>,
     forwards: usize,
+    /// Steps whose verification contradicted the reference (see [`Self::reference_mismatches`]).
+    mismatches: Mismatches,
+}
+
+/// Steps where the target did not accept exactly the proposal's leading kept tokens, and
+/// whether the prompt being generated has been warned about.
+#[derive(Default)]
+struct Mismatches {
+    steps: usize,
+    warned: bool,
 }
 
 impl<M: LanguageModel> OracleDrafter<M> {
@@ -68,7 +78,18 @@ impl<M: LanguageModel> OracleDrafter<M> {
             references,
             current: None,
             forwards: 0,
+            mismatches: Mismatches::default(),
         })
+    }
+
+    /// Steps so far in which greedy verification did not accept exactly the leading tokens
+    /// the oracle kept from its reference. The oracle's premise is that the reference is the
+    /// target's own greedy continuation in this run, so a kept token is always accepted and a
+    /// replaced one never: a mismatch means the reference pass computed other logits than the
+    /// run (another code path, in half precision), and the measured acceptance then falls
+    /// below `alpha`. The first of each prompt is also printed as a warning.
+    pub fn reference_mismatches(&self) -> usize {
+        self.mismatches.steps
     }
 
     /// The reference continuation of `prompt` (`max_new_tokens` greedy target tokens),
@@ -98,8 +119,14 @@ impl<M: LanguageModel> OracleDrafter<M> {
     }
 
     /// Up to `max` proposals after `context`: the reference, each token replaced with
-    /// probability `1 - alpha` by a uniformly drawn different token.
-    fn proposals(&self, context: &[u32], max: usize, rng: &mut StdRng) -> Result<Vec<u32>> {
+    /// probability `1 - alpha` by a uniformly drawn different token; with the output position
+    /// of the first and the number of leading tokens kept.
+    fn proposals(
+        &self,
+        context: &[u32],
+        max: usize,
+        rng: &mut StdRng,
+    ) -> Result<(Vec<u32>, usize, usize)> {
         let Some((prompt_len, reference)) = &self.current else {
             return Err(Error::invalid(
                 "oracle drafter: prepare() was not called for this prompt",
@@ -109,8 +136,12 @@ impl<M: LanguageModel> OracleDrafter<M> {
         // `context` = prompt + the committed output tokens; the next is reference[k].
         let at = context.len().saturating_sub(*prompt_len);
         let mut tokens = Vec::with_capacity(max);
+        let mut kept = 0;
         for &truth in reference.iter().skip(at).take(max) {
             let keep = vocab < 2 || rng.random::<f64>() < self.alpha;
+            if keep && kept == tokens.len() {
+                kept += 1;
+            }
             tokens.push(if keep {
                 truth
             } else {
@@ -123,7 +154,61 @@ impl<M: LanguageModel> OracleDrafter<M> {
                 }
             });
         }
-        Ok(tokens)
+        Ok((tokens, at, kept))
+    }
+}
+
+/// A proposal with its check: greedy verification must accept exactly the `kept` leading
+/// tokens (all of them when every token was kept).
+struct Checked<'a> {
+    inner: Box<dyn Draft + 'a>,
+    kept: usize,
+    /// Output position of the first proposal, and the drafter's name (for the warning).
+    at: usize,
+    name: &'a str,
+    log: &'a mut Mismatches,
+}
+
+impl<'a> Checked<'a> {
+    fn boxed(
+        inner: Box<dyn Draft + 'a>,
+        kept: usize,
+        at: usize,
+        name: &'a str,
+        log: &'a mut Mismatches,
+    ) -> Box<dyn Draft + 'a> {
+        Box::new(Self {
+            inner,
+            kept,
+            at,
+            name,
+            log,
+        })
+    }
+}
+
+impl Draft for Checked<'_> {
+    fn tokens(&self) -> &[u32] {
+        self.inner.tokens()
+    }
+    fn probs(&self) -> Option<&[Vec<f32>]> {
+        self.inner.probs()
+    }
+    fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
+        if accepted != self.kept {
+            self.log.steps += 1;
+            if !self.log.warned {
+                self.log.warned = true;
+                eprintln!(
+                    "warning: oracle drafter {:?}: at output position {} the target accepted {accepted} of {} proposals, whose first {} were its greedy reference's: the reference pass computed other logits than this run (another code path, in half precision?), and the measured acceptance falls below alpha",
+                    self.name,
+                    self.at,
+                    self.inner.tokens().len(),
+                    self.kept
+                );
+            }
+        }
+        self.inner.finish(accepted)
     }
 }
 
@@ -155,6 +240,7 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
     fn prepare(&mut self, prompt: &[u32], max_new_tokens: usize) -> Result<()> {
         let reference = self.reference(prompt, max_new_tokens)?;
         self.current = Some((prompt.len(), reference));
+        self.mismatches.warned = false;
         Ok(())
     }
 
@@ -192,12 +278,21 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
                 self.name
             )));
         }
-        let tokens = self.proposals(context, max, rng)?;
-        let Some((model, cache)) = self.cost.as_mut() else {
-            return Ok(Box::new(FixedDraft(tokens)));
+        let (tokens, at, kept) = self.proposals(context, max, rng)?;
+        let Self {
+            name,
+            cost,
+            forwards,
+            mismatches,
+            ..
+        } = self;
+        let name: &'a str = name.as_str();
+        let check = |inner, log| Checked::boxed(inner, kept, at, name, log);
+        let Some((model, cache)) = cost.as_mut() else {
+            return Ok(check(Box::new(FixedDraft(tokens)), mismatches));
         };
         if tokens.is_empty() {
-            return Ok(Box::new(FixedDraft(tokens)));
+            return Ok(check(Box::new(FixedDraft(tokens)), mismatches));
         }
         // Same forwards as a draft model: the committed tokens it has not seen, then every
         // proposal but the last inside a speculation.
@@ -211,14 +306,14 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         // verification.
         let mut last =
             DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
-        self.forwards += 1;
+        *forwards += 1;
         let mut spec = cache.speculate()?;
         for &t in &tokens[..tokens.len() - 1] {
             last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
-            self.forwards += 1;
+            *forwards += 1;
         }
         last.to_vec()?;
-        Ok(Box::new(CostDraft { spec, tokens }))
+        Ok(check(Box::new(CostDraft { spec, tokens }), mismatches))
     }
 
     fn forwards(&self) -> usize {
