@@ -169,24 +169,6 @@ struct Checked<'a> {
     log: &'a mut Mismatches,
 }
 
-impl<'a> Checked<'a> {
-    fn boxed(
-        inner: Box<dyn Draft + 'a>,
-        kept: usize,
-        at: usize,
-        name: &'a str,
-        log: &'a mut Mismatches,
-    ) -> Box<dyn Draft + 'a> {
-        Box::new(Self {
-            inner,
-            kept,
-            at,
-            name,
-            log,
-        })
-    }
-}
-
 impl Draft for Checked<'_> {
     fn tokens(&self) -> &[u32] {
         self.inner.tokens()
@@ -286,34 +268,38 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             mismatches,
             ..
         } = self;
-        let name: &'a str = name.as_str();
-        let check = |inner, log| Checked::boxed(inner, kept, at, name, log);
-        let Some((model, cache)) = cost.as_mut() else {
-            return Ok(check(Box::new(FixedDraft(tokens)), mismatches));
+        let inner: Box<dyn Draft + 'a> = match cost.as_mut() {
+            Some((model, cache)) if !tokens.is_empty() => {
+                // Same forwards as a draft model: the committed tokens it has not seen, then
+                // every proposal but the last inside a speculation.
+                if cache.offset() >= context.len() {
+                    cache.reset();
+                }
+                // Each forward's argmax is taken on the device as a greedy draft model's is
+                // ([`super::ModelDrafter`] feeds it to the next step there), and the last one
+                // is read back: the proposal then waits for the draft's device work, as a real
+                // drafter's does, so that work is booked as drafting rather than left queued
+                // ahead of the verification.
+                let mut last =
+                    DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
+                *forwards += 1;
+                let mut spec = cache.speculate()?;
+                for &t in &tokens[..tokens.len() - 1] {
+                    last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
+                    *forwards += 1;
+                }
+                last.to_vec()?;
+                Box::new(CostDraft { spec, tokens })
+            }
+            _ => Box::new(FixedDraft(tokens)),
         };
-        if tokens.is_empty() {
-            return Ok(check(Box::new(FixedDraft(tokens)), mismatches));
-        }
-        // Same forwards as a draft model: the committed tokens it has not seen, then every
-        // proposal but the last inside a speculation.
-        if cache.offset() >= context.len() {
-            cache.reset();
-        }
-        // Each forward's argmax is taken on the device as a greedy draft model's is
-        // ([`super::ModelDrafter`] feeds it to the next step there), and the last one is read
-        // back: the proposal then waits for the draft's device work, as a real drafter's
-        // does, so that work is booked as drafting rather than left queued ahead of the
-        // verification.
-        let mut last =
-            DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
-        *forwards += 1;
-        let mut spec = cache.speculate()?;
-        for &t in &tokens[..tokens.len() - 1] {
-            last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
-            *forwards += 1;
-        }
-        last.to_vec()?;
-        Ok(check(Box::new(CostDraft { spec, tokens }), mismatches))
+        Ok(Box::new(Checked {
+            inner,
+            kept,
+            at,
+            name: name.as_str(),
+            log: mismatches,
+        }))
     }
 
     fn forwards(&self) -> usize {
