@@ -93,8 +93,11 @@ export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir -C link-arg=-Wl,-rpath-link,
 
 # 4. Build.
 echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO_TARGET_DIR"
-cargo build --release --features cuda --bins --tests --benches
-msgs=$(cargo build --release --features cuda --bins --tests --benches --message-format=json 2>/dev/null)
+# One cargo run: its JSON messages (stdout; progress and the compiler's diagnostics rendered
+# on stderr) name the binaries to pack. A second run only for the list would rebuild, and pack, any
+# source edited meanwhile (it happened: an archive carried a half-finished kernel edit).
+msgs=$(cargo build --release --features cuda --bins --tests --benches \
+  --message-format=json-render-diagnostics)
 
 # 5. Strip, then pack every binary into one solid xz archive: each carries the same ~33 MB of
 #    candle's GPU code, which a 256 MiB dictionary stores once (one binary alone is ~7 MB
