@@ -207,6 +207,11 @@ def run_exp(args, config_text, tag):
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"exp failed ({tag}, exit {proc.returncode}); config {cfg}")
+    # exp's warnings (an oracle whose reference the target did not follow, a failed graph
+    # recording, ...) change what the figures mean: pass them on.
+    for line in proc.stderr.splitlines():
+        if line.startswith("warning:"):
+            sys.stderr.write(f"exp {tag}: {line}\n")
     with open(os.path.join(out, "results.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
