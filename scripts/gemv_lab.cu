@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(4 * 32) attn_split_pf(const bf *q, const bf *k
                                                             uint32_t len_arg, int t, int heads, int group, long q_head_stride, long q_row_stride,
                                                             long kv_head_stride, int split_len, int splits, int window, float softcap, PfSet s) {
   pf_issue(s, blk_cnt(), blk_lin(), blockDim.x, threadIdx.x);
-  pdl_begin();
+  // attn_split calls pdl_begin itself (after its own pre-wait prefetch).
   attn_split<bf, E, 1, 4, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, q_head_stride, q_row_stride, kv_head_stride, split_len, splits, window, softcap,
                                 FusedRope<bf>{});
 }
