@@ -32,6 +32,8 @@ fn main() {
         ])
         .arg(&out)
         .status();
+    // The architecture, for the loader's error on a GPU the build does not cover.
+    println!("cargo:rustc-env=SPECDEC_CUDA_COMPUTE_CAP={cap}");
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => panic!("nvcc failed ({s}) compiling {src}"),

@@ -35,7 +35,12 @@ fn module(dev: &CudaDevice) -> candle_core::Result<Arc<CudaModule>> {
         .cuda_stream()
         .context()
         .load_module(Ptx::from_binary(FATBIN.to_vec()))
-        .w()?;
+        .map_err(|e| {
+            candle_core::Error::Msg(format!(
+                "loading specdec's CUDA kernels (machine code for sm_{}, and PTX the driver compiles for newer GPUs): {e}; on an older GPU rebuild with CUDA_COMPUTE_CAP set to its capability (scripts/build-cuda.sh)",
+                env!("SPECDEC_CUDA_COMPUTE_CAP")
+            ))
+        })?;
     modules.insert(dev.id(), m.clone());
     Ok(m)
 }
