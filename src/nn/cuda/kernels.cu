@@ -1,5 +1,5 @@
-// specdec's own CUDA kernels, compiled by build.rs (a fat binary: SASS and PTX) when the `cuda` feature is on and
-// launched through candle's custom-op interface (src/nn/cuda/). Every kernel has a
+// specdec's own CUDA kernels, compiled by build.rs (a fat binary: SASS and PTX) when the
+// `cuda` feature is on and launched through candle's custom-op interface (src/nn/cuda/). Every kernel has a
 // device-generic fallback made of candle ops; these exist where a measurement showed
 // candle's op sequence costing us (see the README's GPU section).
 //
