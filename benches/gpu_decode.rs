@@ -22,8 +22,9 @@
 //!    to more than a step; they show which stages are slow, not the overlapped total.
 //!
 //! `SPECDEC_BENCH_JSON=path` also writes everything as JSON. `SPECDEC_BENCH_KERNELS=n` does
-//! only a prefill of 128 tokens and `n` decode steps of the first model (each ending in one
-//! argmax read back), for a kernel profiler to count and time the launches of a step.
+//! only a prefill of 128 tokens, `n` decode steps of the first model and `n` verification
+//! forwards of 5 tokens (each ending in one argmax read back), for a kernel profiler to count
+//! and time the launches of a step.
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -264,6 +265,12 @@ fn main() {
         );
         for _ in 0..n {
             next = finish(&model.forward_last(&[next], &mut cache).expect("decode"));
+        }
+        // Then as many verification forwards of VERIFY tokens, each rolled back.
+        let block = tokens(VERIFY, vocab, 1);
+        for _ in 0..n {
+            let mut spec = cache.speculate().expect("speculate");
+            finish(&model.forward(&block, spec.cache()).expect("verify"));
         }
         return;
     }

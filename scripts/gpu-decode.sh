@@ -67,11 +67,11 @@ if [ "${SKIP_NCU:-0}" = 1 ]; then
 elif command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for name in draft-1b target-8b; do
-    echo "== ncu: kernels of 3 decode steps of $name"
+    echo "== ncu: kernels of 3 decode steps and 3 five-token verifications of $name"
     SPECDEC_BENCH_MODEL=$models/$name SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_KERNELS=3 \
       timeout 400 "$ncu" --csv --metrics gpu__time_duration.sum .cuda/run/benches/gpu_decode \
       > "$out/ncu-$name.csv" 2> "$out/ncu-$name.err" || echo "ncu failed: $(tail -3 "$out/ncu-$name.err")"
-    python3 scripts/ncu_steps.py "$out/ncu-$name.csv" | tee "$out/ncu-$name.md" || true
+    python3 scripts/ncu_steps.py "$out/ncu-$name.csv" 3 6 | tee "$out/ncu-$name.md" || true
     [ "$name" = draft-1b ] && [ "${NCU_TARGET:-0}" = 0 ] && break
   done
 else

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Kernels per decode step from `ncu --csv --metrics gpu__time_duration.sum[,dram__bytes_read.sum]` of
-`gpu_decode` with SPECDEC_BENCH_KERNELS=n: every step ends with the argmax of its logits, so
-the kernels between two argmax launches are one decode step. Prints, per step, the kernel
-count and the summed device time, then the step's kernels grouped by name (with the DRAM
-bytes read and the bandwidth they imply when that metric was collected)."""
+`gpu_decode` with SPECDEC_BENCH_KERNELS=n (n decode steps, then n 5-token verifications):
+every step ends with the argmax of its logits, so the kernels between two argmax launches are
+one step. Prints, per step, the kernel count and the summed device time, then the kernels of
+the steps named on the command line (1-based; default the last) grouped by name (with the DRAM
+bytes read and the bandwidth they imply when that metric was collected).
+Usage: ncu_steps.py CSV [step ...]"""
 import csv
 import sys
 from collections import defaultdict
 
 
-def main(path):
+def main(path, picks):
     # Launches in order (by ncu's ID), each with its duration (µs) and, when measured, the
     # DRAM bytes it read.
     launches = {}
@@ -37,18 +39,22 @@ def main(path):
     print("|---:|---:|---:|")
     for i, s in enumerate(steps, 1):
         print(f"| {i} | {len(s)} | {sum(t for _, t, _ in s):.1f} |")
-    by = defaultdict(lambda: [0, 0.0, 0.0])
-    for name, t, nbytes in steps[-1]:
-        key = name.split("(")[0].split("<")[0][:60]
-        by[key][0] += 1
-        by[key][1] += t
-        by[key][2] += nbytes or 0.0
-    print("\n| kernel (last step) | launches | µs | DRAM read MB | GB/s |")
-    print("|---|---:|---:|---:|---:|")
-    for name, (n, t, nbytes) in sorted(by.items(), key=lambda kv: -kv[1][1]):
-        bw = f"{nbytes / (t * 1e3):.0f}" if nbytes and t else "—"
-        print(f"| {name} | {n} | {t:.1f} | {nbytes / 1e6:.1f} | {bw} |")
-
+    # The kernels of the chosen steps (default the last), grouped by name.
+    for k in picks or [len(steps)]:
+        if not 1 <= k <= len(steps):
+            print(f"\nstep {k}: only {len(steps)} steps")
+            continue
+        by = defaultdict(lambda: [0, 0.0, 0.0])
+        for name, t, nbytes in steps[k - 1]:
+            key = name.split("(")[0].split("<")[0][:60]
+            by[key][0] += 1
+            by[key][1] += t
+            by[key][2] += nbytes or 0.0
+        print(f"\n| kernel (step {k}) | launches | µs | DRAM read MB | GB/s |")
+        print("|---|---:|---:|---:|---:|")
+        for name, (n, t, nbytes) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            bw = f"{nbytes / (t * 1e3):.0f}" if nbytes and t else "—"
+            print(f"| {name} | {n} | {t:.1f} | {nbytes / 1e6:.1f} | {bw} |")
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], [int(a) for a in sys.argv[2:]])
