@@ -6,9 +6,10 @@
 //! candle paths. Cases cover grouped-query heads (groups of 1 to 8), keys in a larger cache buffer (strided
 //! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
 //! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
-//! more splits than the split kernel has blocks per head.
+//! more splits than the split kernel has blocks per head; and each row of a block against the
+//! same row attended alone (bitwise on CUDA).
 use candle_core::{DType, Tensor};
-use specdec::nn::{causal_attention, PREFILL_CHUNK};
+use specdec::nn::{causal_attention, PREFILL_CHUNK, SPLIT_MAX_ROWS};
 
 #[path = "common/device.rs"]
 mod device;
@@ -74,6 +75,19 @@ fn cases() -> Vec<Case> {
             t: 3,
             history: 9_000,
             window,
+            softcap: None,
+        });
+    }
+    // A block whose rows straddle a split boundary (256 keys) under short windows: each row
+    // sees keys of one split (window 1), or some rows two and others one (window 4).
+    for window in [1, 4] {
+        out.push(Case {
+            heads: 4,
+            kv: 2,
+            d: 64,
+            t: 12,
+            history: 250,
+            window: Some(window),
             softcap: None,
         });
     }
@@ -210,5 +224,83 @@ fn causal_attention_matches_the_formula_in_half_precision() {
     for c in cases() {
         check(c, DType::BF16, 2e-2);
         check(c, DType::F16, 4e-3);
+    }
+}
+
+/// Each row of a block attended in one call equals that row attended alone over the keys it
+/// sees (the first `history + i + 1`): on CUDA bit for bit — the split kernel takes up to
+/// eight query rows a block, each stepping through the same tiles and splits as it would
+/// alone, which keeps a verification row's logits those of the decode step of the same
+/// token — elsewhere within f32 rounding.
+#[test]
+fn block_rows_equal_each_row_alone() {
+    let dev = device::device();
+    for c in cases().into_iter().filter(|c| c.t <= SPLIT_MAX_ROWS) {
+        // Elsewhere in f32 only: the candle paths promise no half-precision bits.
+        let dtypes: &[DType] = if dev.is_cuda() {
+            &[DType::F32, DType::BF16]
+        } else {
+            &[DType::F32]
+        };
+        for &dtype in dtypes {
+            let len = c.history + c.t;
+            let capacity = len + 24;
+            let q = Tensor::from_vec(
+                values(c.heads * c.t * c.d, 1, 2.0 / (c.d as f32).sqrt()),
+                (1, c.heads, c.t, c.d),
+                &dev,
+            )
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+            let buffer = |seed| {
+                Tensor::from_vec(
+                    values(c.kv * capacity * c.d, seed, 1.0),
+                    (1, c.kv, capacity, c.d),
+                    &dev,
+                )
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+            };
+            let (kb, vb) = (buffer(2), buffer(3));
+            let block = host(
+                &causal_attention(
+                    &q,
+                    &kb.narrow(2, 0, len).unwrap(),
+                    &vb.narrow(2, 0, len).unwrap(),
+                    c.window,
+                    c.softcap,
+                )
+                .unwrap(),
+            );
+            let width = c.heads * c.d;
+            for i in 0..c.t {
+                let seen = c.history + i + 1;
+                let alone = host(
+                    &causal_attention(
+                        &q.narrow(2, i, 1).unwrap(),
+                        &kb.narrow(2, 0, seen).unwrap(),
+                        &vb.narrow(2, 0, seen).unwrap(),
+                        c.window,
+                        c.softcap,
+                    )
+                    .unwrap(),
+                );
+                let row = &block[i * width..(i + 1) * width];
+                if dev.is_cuda() {
+                    assert!(
+                        row == &alone[..],
+                        "{dtype:?} {c:?}: row {i} differs from the row attended alone"
+                    );
+                } else {
+                    let err = row
+                        .iter()
+                        .zip(&alone)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(err <= 1e-5, "{c:?}: row {i} is {err} from the row alone");
+                }
+            }
+        }
     }
 }

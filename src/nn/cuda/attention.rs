@@ -94,6 +94,22 @@ fn wide_min_len() -> usize {
     })
 }
 
+/// Query rows per block of the split kernel for a block of `t` rows with `hb` heads a block
+/// and head width `d` (`R` in kernels.cu): verification blocks take up to 8 / `hb` rows in
+/// one block, which reads each K/V row once for all of them (8 query slots a block);
+/// `SPECDEC_ATTN_ROWS=0` (read once) keeps one row a block, for comparisons in one build.
+/// Heads wider than 128 elements keep one row a block (the slots' partial sums would not fit
+/// the kernel's shared memory). Each row's arithmetic is the same either way.
+fn rows_per_block(t: usize, hb: usize, d: usize) -> usize {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("SPECDEC_ATTN_ROWS").map_or(true, |v| v != "0"));
+    if on && t > 1 && d <= 128 {
+        8 / hb
+    } else {
+        1
+    }
+}
+
 /// Whether graph steps fuse RoPE and the K/V store into the split attention
 /// (`SPECDEC_FUSED_ROPE`, default on; `0` keeps [`RopeStore`]'s own kernel, for comparisons
 /// in one build).
@@ -240,7 +256,16 @@ impl SplitAttention {
             (WARPS, "")
         };
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}"))?;
+        let rb = rows_per_block(t, hb, d);
+        let rows = if rb > 1 {
+            format!("_r{rb}")
+        } else {
+            String::new()
+        };
+        let mut l = Launch::new(
+            dev,
+            &format!("attn_split_{name}_d{d}_h{hb}{rows}{wide}{fused}"),
+        )?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -313,7 +338,7 @@ impl SplitAttention {
         }
         let cfg = LaunchConfig {
             grid_dim: (
-                (t * group.div_ceil(hb)) as u32,
+                (t.div_ceil(rb) * group.div_ceil(hb)) as u32,
                 kv_heads as u32,
                 splits.min(SPLIT_BLOCKS) as u32,
             ),
