@@ -384,11 +384,12 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
             load_vec_cg<T, V16>(kr + c, kv_);
           else
             load_vec<T, V16>(kr + c, kv_);
+          // Every slot, those of rows past t too (their q is 0): a branch here would
+          // serialise the row's batch of loads (as above).
 #pragma unroll
           for (int s = 0; s < S; ++s)
-            if (s / HB < nr)  // block-uniform: no work for a row past t
 #pragma unroll
-              for (int e = 0; e < V16; ++e) dot[s] += sq[s][c + e] * kv_[e];
+            for (int e = 0; e < V16; ++e) dot[s] += sq[s][c + e] * kv_[e];
         }
 #pragma unroll
         for (int s = 0; s < S; ++s)
