@@ -38,8 +38,6 @@ const GROUPED_HEADS: usize = 4;
 /// 2026-11-23): grouped heads decoded 6% slower at 128 and 1,024 tokens of context and
 /// 2-3% faster at 4,096 and 8,000, where they verified 5 tokens 16-21% faster.
 const GROUPED_MIN_LEN: usize = 4096;
-/// Keys from which verification blocks take several query rows a block ([`rows_per_block`]).
-const ROWS_MIN_LEN: usize = 1024;
 /// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
@@ -94,34 +92,6 @@ fn wide_min_len() -> usize {
             .and_then(|v| v.parse().ok())
             .unwrap_or(1024)
     })
-}
-
-/// Keys (the cache's capacity, as for the other choices) from which verification blocks of
-/// the split kernel take several query rows a block: [`ROWS_MIN_LEN`] unless
-/// `SPECDEC_ATTN_ROWS_MIN_LEN` says otherwise (read once; for comparisons in one build).
-fn rows_min_len() -> usize {
-    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LEN.get_or_init(|| {
-        std::env::var("SPECDEC_ATTN_ROWS_MIN_LEN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(ROWS_MIN_LEN)
-    })
-}
-
-/// Query rows per block of the split kernel for a block of `t` rows over `max_len` keys with
-/// `hb` heads a block and head width `d` (`R` in kernels.cu): from [`rows_min_len`] keys,
-/// verification blocks take up to 8 / `hb` rows in one block, which reads each K/V row once
-/// for all of them (8 query slots a block). Shorter caches keep one row a block: more blocks
-/// in parallel, each a shorter chain. Heads wider than 128 elements keep one row a block (the
-/// slots' partial sums would not fit the kernel's shared memory). Each row's arithmetic is
-/// the same either way.
-fn rows_per_block(t: usize, max_len: usize, hb: usize, d: usize) -> usize {
-    if t > 1 && d <= 128 && max_len >= rows_min_len() {
-        8 / hb
-    } else {
-        1
-    }
 }
 
 /// Whether graph steps fuse RoPE and the K/V store into the split attention
@@ -270,16 +240,7 @@ impl SplitAttention {
             (WARPS, "")
         };
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let rb = rows_per_block(t, max_len, hb, d);
-        let rows = if rb > 1 {
-            format!("_r{rb}")
-        } else {
-            String::new()
-        };
-        let mut l = Launch::new(
-            dev,
-            &format!("attn_split_{name}_d{d}_h{hb}{rows}{wide}{fused}"),
-        )?;
+        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -352,7 +313,7 @@ impl SplitAttention {
         }
         let cfg = LaunchConfig {
             grid_dim: (
-                (t.div_ceil(rb) * group.div_ceil(hb)) as u32,
+                (t * group.div_ceil(hb)) as u32,
                 kv_heads as u32,
                 splits.min(SPLIT_BLOCKS) as u32,
             ),

@@ -54,6 +54,17 @@ __device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
   for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
 }
 
+// 16 bytes of a weight through the read-only path without taking an L1 line
+// (`L1::no_allocate`): a GEMV streams each weight byte once, and its lines would evict the
+// activation rows every block re-reads chunk by chunk (GEMV_TC: up to 8 rows of x).
+__device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -176,44 +187,37 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
   }
 }
 
-// Split-K attention of query rows over a cache ("flash decoding").
+// Split-K attention of single query rows over a cache ("flash decoding").
 //
-// Grid: x = ceil(t / R) * ceil(group / HB) (the block takes query rows R * (x / the second
-// factor) ..., at most R of them, and heads HB * (x % that) ... of the kv head's group, at
-// most HB of them), y = kv head, z: blocks sharing the `splits` splits (z takes splits z,
-// z + gridDim.z, ...). Block: W warps (4, or 8 over long caches: twice the loads in flight,
-// half the chain of tiles). Split s covers key indices [s * split_len, (s+1) * split_len) in
-// tiles of 32 keys, one tile per warp at a time: lane l loads key tile + l once and scores it
-// against each of the block's query slots (row, head), the warp takes the tile's softmax
-// terms with shuffles, then every lane loads its E dimensions of each of the tile's value
-// rows once and accumulates them for every slot (coalesced). Grouped query heads and the
-// rows of a verification block thus read their K/V once per block, not once per head and
-// row. The keys are `len` consecutive positions and the t queries are the newest t of them:
-// query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with a
-// sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is not
-// null (a captured graph replays with the length of the step), else it is `len_arg`.
+// Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
+// HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
+// z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: W
+// warps (4, or 8 over long caches: twice the loads in flight, half the chain of tiles). Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
+// one tile per warp at a time: lane l loads key tile + l once and scores it against each of
+// the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
+// lane loads its E dimensions of each of the tile's value rows once and accumulates them for
+// every head (coalesced). Grouped query heads thus read their K/V once per block, not once
+// per head. The keys are `len` consecutive positions and the t queries are the newest t of
+// them: query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with
+// a sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
+// not null (a captured graph replays with the length of the step), else it is `len_arg`.
 //
 // Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
 // output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)];
 // the last split block of a (row, head block) to finish combines them into y[i, h * d ...]
 // ([t, heads * d]). Splits without a visible key write nothing; a query whose visible keys
 // all sit in one split writes y directly (what the combine makes of one split: its weight
-// is exp(0) = 1). A slot's result depends on its own row, keys and the split boundaries
-// only: never on t, R, the group or the other slots of its block. Each slot steps through
-// the same tiles with the same lanes as it would alone; a tile that holds no key the slot
-// sees leaves its state untouched (as a block of that row alone skips the tile), and value
-// rows another row sees enter with probability exactly 0. So verification rows are bitwise
-// decode rows.
+// is exp(0) = 1). A head's result depends on its own row, keys and the split boundaries
+// only: never on t, the group or the other heads of its block.
 // HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
-// or 4 (long caches: K/V read once for four heads). R = 1 (decode), or more for
-// verification blocks (HB R ≤ 8 slots).
+// or 4 (long caches: K/V read once for four heads).
 //
 // Fused RoPE and K/V store (ROPE; a decode or verification step's graph): q is the
 // projection's output before RoPE, and the step's t new keys and values (positions
 // len - t ... len - 1) are not yet in the cache. The block rotates its query rows as it
 // stages them (rounded to T, as a rotated q tensor would be) and, in the same loop, before
-// any split is read, writes the new positions of its splits that one of its rows sees — k
-// rotated, v as is — into the cache
+// any split is read, writes the new positions of its splits it sees — k rotated, v as is —
+// into the cache
 // (`rope.kw`, `rope.vw`: the buffers k and v view). Its K/V loads then all go through the L2
 // (`load_vec_cg`): the read-only path may not see what the kernel wrote. Every block that
 // sees a new position writes the same bytes there; the query of row i sees its own
@@ -225,7 +229,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB, int R, int W, bool ROPE>
+template <typename T, int E, int HB, int W, bool ROPE>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -233,25 +237,19 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            long kv_head_stride, int split_len, int splits, int window,
                            float softcap, const FusedRope<T> rope) {
   constexpr int D = 32 * E;
-  constexpr int S = R * HB;  // query slots: slot (r, h) at r * HB + h
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int hblocks = (group + HB - 1) / HB;
-  const int row0 = blockIdx.x / hblocks * R, hb = blockIdx.x % hblocks;
-  const int nr = min(R, t - row0);
+  const int row = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
   const int h0 = blockIdx.y * group + hb * HB, nh = min(HB, group - hb * HB);
   const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
-  // Row r's query position, and the splits holding a key it sees: [first_of(r), end_of(r)).
-  auto qpos_of = [&](int r) { return len - t + row0 + r; };
-  auto first_of = [&](int r) {
-    return window > 0 ? max(0, qpos_of(r) + 1 - window) / split_len : 0;
-  };
-  auto end_of = [&](int r) { return min(qpos_of(r) / split_len + 1, splits); };
-  // The union over the block's rows (both bounds grow with the row). This block takes the
-  // splits congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
+  const int qpos = len - t + row;
+  // The splits holding a key this query sees: [first_split, end_split). This block takes
+  // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
   // (a graph's splits span the cache's capacity) leaves at once.
-  const int first_split = first_of(0), end_split = end_of(nr - 1);
+  const int first_split = window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+  const int end_split = min(qpos / split_len + 1, splits);
   const int z = blockIdx.z, zs = gridDim.z;
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   if (start >= end_split) {
@@ -266,7 +264,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // loads after `pdl_begin` then find the rows in the L2 instead of HBM. (Loading the first
   // tile into registers instead held 70-130 more registers a thread and measured slower.)
   // Lab bench, H100, 2026-11-25: the 1B-shaped step -2.7%, the 8B-shaped -1.2%; in the model
-  // 1B decode at 128 tokens -3.4%, 8B -1.8%. Only for blocks that see at most PF_SPLITS
+  // 1B decode at 128 tokens -3.4%, 8B -1.8%. Only for queries that see at most PF_SPLITS
   // splits: over an 8,000-token cache every block's prefetch together is the layer's whole
   // K/V (33 MB for the 8B shape), issued while the product ahead streams its weights, and
   // decode there measured 1-2% slower. Touches no result: the loads read the same bytes.
@@ -286,95 +284,100 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   constexpr int HALF = D / 2;
   // First of the step's new positions (with fused RoPE: not in the cache until written here).
   const int fresh = ROPE ? len - t : len;
-  __shared__ float sq[S][D];
+  __shared__ float sq[HB][D];
   // The query rows into shared memory (rotated with RoPE fused) and, with RoPE fused, the new
-  // positions the block's rows see in its splits into the cache, in one loop: both rounds of
-  // loads in flight together, one barrier for both. The new positions are the last
-  // t ≤ 32 < split_len, so they lie in at most two splits.
-  const int qlast = qpos_of(nr - 1);
-  const int writes = ROPE ? (qlast + 1 - fresh) * HALF : 0;
-  for (int i = threadIdx.x; i < max(S * D, writes); i += blockDim.x) {
-    const int slot = i / D, e = i % D, r = slot / HB, h = slot % HB;
-    if (slot < S) {
-      const T *qr = q + (h0 + h) * q_head_stride + (row0 + r) * q_row_stride;
+  // positions this query sees in this block's splits into the cache, in one loop: both
+  // rounds of loads in flight together, one barrier for both. The new positions are the
+  // last t ≤ 32 < split_len, so they lie in at most two splits.
+  const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
+  // A verification row's block writes up to t positions: up to WB write items a thread per
+  // iteration, all their loads issued before any store (one round trip where one item an
+  // iteration took one each: a 5-token block's last row 3 at d = 128). Item w of the
+  // iteration's thread i is i + k * ws (k < WB); with at most a block's worth of items, one
+  // item a thread, as a decode step's.
+  constexpr int WB = 4;
+  const int ws = max(min(writes, (int)blockDim.x), (writes + WB - 1) / WB);
+  for (int i = threadIdx.x; i < max(HB * D, ws); i += blockDim.x) {
+    const int h = i / D, e = i % D;
+    if (h < HB) {
+      const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
       float x = 0.f;
-      if (ROPE && h < nh && r < nr) {
-        const int f = e % HALF, qp = qpos_of(r);
-        const float c = to_f32(rope.cos[(long)qp * HALF + f]);
-        const float sn = to_f32(rope.sin[(long)qp * HALF + f]);
+      if (ROPE && h < nh) {
+        const int f = e % HALF;
+        const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
+        const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
         const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
         x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
-      } else if (h < nh && r < nr) {
+      } else if (h < nh) {
         x = to_f32(qr[e]);
       }
-      sq[slot][e] = x;
+      sq[h][e] = x;
     }
-    const int p = fresh + i / HALF, f = i % HALF, split = p / split_len;
-    // Seen by one of the rows: p ≤ qlast, and inside the first row's window (the widest
-    // reach back).
-    const bool visible = window <= 0 || p > qpos_of(0) - window;
-    if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
-      const int n = p - fresh;
-      const float c = to_f32(rope.cos[(long)p * HALF + f]);
-      const float sn = to_f32(rope.sin[(long)p * HALF + f]);
-      const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
-      const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
-      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
-      o[f] = from_f32<T>(x1 * c - x2 * sn);
-      o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
-      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
-      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
-      w[f] = vn[f];
-      w[f + HALF] = vn[f + HALF];
+    if (ROPE) {
+      bool go[WB];
+      float c[WB], sn[WB], x1[WB], x2[WB];
+      T v1[WB], v2[WB];
+#pragma unroll
+      for (int k = 0; k < WB; ++k) {
+        const int w = i + k * ws;
+        const int p = fresh + w / HALF, f = w % HALF, split = p / split_len;
+        const bool visible = window <= 0 || p > qpos - window;
+        go[k] = i < ws && w < writes && visible && split >= start && (split - start) % zs == 0;
+        if (go[k]) {
+          const int n = p - fresh;
+          c[k] = to_f32(rope.cos[(long)p * HALF + f]);
+          sn[k] = to_f32(rope.sin[(long)p * HALF + f]);
+          const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
+          x1[k] = to_f32(x[f]);
+          x2[k] = to_f32(x[f + HALF]);
+          const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
+          v1[k] = vn[f];
+          v2[k] = vn[f + HALF];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < WB; ++k) {
+        if (!go[k]) continue;
+        const int w = i + k * ws;
+        const int p = fresh + w / HALF, f = w % HALF;
+        T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+        o[f] = from_f32<T>(x1[k] * c[k] - x2[k] * sn[k]);
+        o[f + HALF] = from_f32<T>(x1[k] * sn[k] + x2[k] * c[k]);
+        T *vw = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+        vw[f] = v1[k];
+        vw[f + HALF] = v2[k];
+      }
     }
   }
   __syncthreads();
   const T *kb = k + blockIdx.y * kv_head_stride;
   const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
-  __shared__ float sm[W][S], sl[W][S], sacc[W][S][D];
-  // Every row's visible keys sit in one split: each writes y directly, nothing to combine.
-  bool direct = true;
-  for (int r = 0; r < nr; ++r) direct &= end_of(r) - first_of(r) == 1;
-  for (int split = start; split < end_split; split += zs) {
-    // Row r sees keys [lo[r], hi[r]) of this split (empty where it sees none).
-    int lo[R], hi[R];
+  __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
+  int mine = 0;  // splits this block wrote
+  for (int split = start; split < end_split; split += zs, ++mine) {
+    const int hi = min(qpos + 1, (split + 1) * split_len);
+    int lo = split * split_len;
+    if (window > 0) lo = max(lo, qpos + 1 - window);
+    float m[HB], l[HB], acc[HB][E];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int qp = qpos_of(r);
-      hi[r] = r < nr ? min(qp + 1, (split + 1) * split_len) : 0;
-      lo[r] = split * split_len;
-      if (window > 0) lo[r] = max(lo[r], qp + 1 - window);
+    for (int h = 0; h < HB; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
     }
-    int top = 0;  // the largest hi
-#pragma unroll
-    for (int r = 0; r < R; ++r) top = max(top, hi[r]);
-    float m[S], l[S], acc[S][E];
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      m[s] = -INFINITY;
-      l[s] = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[s][e] = 0.f;
-    }
-    for (int tile = split * split_len + warp * 32; tile < top; tile += W * 32) {
+    for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
-      bool live[R], seen[R];  // key j visible to row r; row r sees a key of this tile
-      bool any_live = false;
+      const bool live = j >= lo && j < hi;
+      if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
+      float sc[HB];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        live[r] = j >= lo[r] && j < hi[r];
-        seen[r] = __any_sync(0xffffffffu, live[r]);
-        any_live |= live[r];
-      }
-      if (!__any_sync(0xffffffffu, any_live)) continue;  // nothing visible in this tile
-      float sc[S];
-#pragma unroll
-      for (int s = 0; s < S; ++s) sc[s] = -INFINITY;
-      if (any_live) {
+      for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
+      if (live) {
         const T *kr = kb + (long)j * D;
-        float dot[S];
+        float dot[HB];
 #pragma unroll
-        for (int s = 0; s < S; ++s) dot[s] = 0.f;
+        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
 #pragma unroll
         for (int c = 0; c < D; c += V16) {
           float kv_[V16];
@@ -384,41 +387,34 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
             load_vec_cg<T, V16>(kr + c, kv_);
           else
             load_vec<T, V16>(kr + c, kv_);
-          // Every slot, those of rows past t too (their q is 0): a branch here would
-          // serialise the row's batch of loads (as above).
 #pragma unroll
-          for (int s = 0; s < S; ++s)
+          for (int h = 0; h < HB; ++h)
 #pragma unroll
-            for (int e = 0; e < V16; ++e) dot[s] += sq[s][c + e] * kv_[e];
+            for (int e = 0; e < V16; ++e) dot[h] += sq[h][c + e] * kv_[e];
         }
 #pragma unroll
-        for (int s = 0; s < S; ++s)
-          if (live[s / HB]) sc[s] = softcap > 0.f ? tanhf(dot[s] / softcap) * softcap : dot[s];
+        for (int h = 0; h < HB; ++h)
+          sc[h] = softcap > 0.f ? tanhf(dot[h] / softcap) * softcap : dot[h];
       }
-      float p[S];
+      float p[HB];
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        p[s] = 0.f;
-        if (!seen[s / HB]) continue;  // warp-uniform: the slot's state stays as it was
-        float tile_max = sc[s];
+      for (int h = 0; h < HB; ++h) {
+        float tile_max = sc[h];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-        const float m_new = fmaxf(m[s], tile_max);
-        const float corr = __expf(m[s] - m_new);
-        p[s] = live[s / HB] ? __expf(sc[s] - m_new) : 0.f;
-        l[s] = l[s] * corr + warp_sum(p[s]);
+        const float m_new = fmaxf(m[h], tile_max);
+        const float corr = __expf(m[h] - m_new);
+        p[h] = live ? __expf(sc[h] - m_new) : 0.f;
+        l[h] = l[h] * corr + warp_sum(p[h]);
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[s][e] *= corr;
-        m[s] = m_new;
+        for (int e = 0; e < E; ++e) acc[h][e] *= corr;
+        m[h] = m_new;
       }
       // Value rows in batches of VB independent loads, each batch one round trip to memory
-      // (rows past `top` are not read; rows below a row's `lo` or past its `hi` are cache
-      // rows it weighs with probability 0).
-      // (R > 1: fewer, for the registers of S slots' sums; the order of the sums is the
-      // same for any VB.)
-      constexpr int VB = (R == 1 ? E : E * S) <= 2 ? 32 : (R == 1 ? E : E * S) <= 4 ? 16 : 8;
-      const int n = min(32, top - tile);
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
+      constexpr int VB = E <= 2 ? 32 : E <= 4 ? 16 : 8;
+      const int n = min(32, hi - tile);
       for (int base = 0; base < n; base += VB) {
         float vv[VB][E];
 #pragma unroll
@@ -436,44 +432,41 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int u = 0; u < VB; ++u)
 #pragma unroll
-          for (int s = 0; s < S; ++s) {
-            if (!seen[s / HB]) continue;
-            const float pj = __shfl_sync(0xffffffffu, p[s], base + u);
+          for (int h = 0; h < HB; ++h) {
+            const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[s][e] += pj * vv[u][e];
+            for (int e = 0; e < E; ++e) acc[h][e] += pj * vv[u][e];
           }
       }
     }
 
-    // Combine the warps, slot by slot.
+    // Combine the warps, head by head.
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
+    for (int h = 0; h < HB; ++h) {
       if (lane == 0) {
-        sm[warp][s] = m[s];
-        sl[warp][s] = l[s];
+        sm[warp][h] = m[h];
+        sl[warp][h] = l[h];
       }
 #pragma unroll
-      for (int e = 0; e < E; ++e) sacc[warp][s][lane * E + e] = acc[s][e];
+      for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[h][e];
     }
     __syncthreads();
-    for (int s = 0; s < S; ++s) {
-      const int r = s / HB, h = s % HB;
-      if (r >= nr || h >= nh || split < first_of(r) || split >= end_of(r)) continue;
-      const bool only = end_of(r) - first_of(r) == 1;
+    const bool only = end_split - first_split == 1;
+    for (int h = 0; h < nh; ++h) {
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][s]);
+      for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][h]);
       float L = 0.f;
 #pragma unroll
       for (int w = 0; w < W; ++w)
-        if (sm[w][s] > -INFINITY) L += sl[w][s] * __expf(sm[w][s] - M);
-      const int rh = (row0 + r) * heads + h0 + h;
+        if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
+      const int rh = row * heads + h0 + h;
       float *out = part + ((long)rh * splits + split) * (D + 2);
       for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (sm[w][s] > -INFINITY) a += sacc[w][s][e] * __expf(sm[w][s] - M);
+          if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
         if (only)
           y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
         else
@@ -484,49 +477,37 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         out[1] = L;
       }
     }
-    if (direct && split + zs >= end_split) return;
+    if (only) return;
     __syncthreads();  // sm, sl, sacc are the next split's
   }
-  // Per row with several splits: the last of the (row, head block)'s live splits to finish
-  // combines them all (its count is reset for the next launch; no other block of this launch
-  // touches it again).
-  __shared__ bool last[R];
+  // The last of the (row, head block)'s live splits to finish combines them all (its count
+  // is reset for the next launch; no other block of this launch touches it again).
+  __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x < nr) {
-    // Row r's splits this block wrote: those congruent to z in [first_of(r), end_of(r)).
-    const int r = threadIdx.x, f = first_of(r), n = end_of(r) - f;
-    const int s0 = z + (max(0, f - z) + zs - 1) / zs * zs;
-    const int mine = s0 < f + n ? (f + n - 1 - s0) / zs + 1 : 0;
-    bool is_last = false;
-    if (n > 1 && mine > 0) {
-      unsigned int *done = &attn_done[(row0 + r) * heads + h0];
-      is_last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)n;
-      if (is_last) *done = 0u;
-    }
-    last[r] = is_last;
+  if (threadIdx.x == 0) {
+    unsigned int *done = &attn_done[row * heads + h0];
+    last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_split - first_split);
+    if (last) *done = 0u;
   }
   __syncthreads();
-  for (int r = 0; r < nr; ++r) {
-    if (!last[r]) continue;  // block-uniform
-    __threadfence();
-    const int rh = (row0 + r) * heads + h0, f = first_of(r);
-    attn_combine<T, D, HB, W>(part + ((long)rh * splits + f) * (D + 2), (long)splits * (D + 2),
-                              nh, end_of(r) - f, y + (long)rh * D);
-    __syncthreads();  // the combine's shared memory is the next row's
-  }
+  if (!last) return;
+  __threadfence();
+  const int rh = row * heads + h0;
+  attn_combine<T, D, HB, W>(part + ((long)rh * splits + first_split) * (D + 2),
+                         (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
 }
 
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
-#define ATTN_SPLIT1(NAME, T, E, HB, R, W)                                                          \
+#define ATTN_SPLIT1(NAME, T, E, HB, W)                                                          \
   extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
            float softcap) {                                                                    \
-    attn_split<T, E, HB, R, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
+    attn_split<T, E, HB, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
                                 splits, window, softcap, FusedRope<T>{});                     \
   }                                                                                            \
@@ -538,34 +519,27 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, R, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
+    attn_split<T, E, HB, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap,                                       \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
   }
-// Kernel names: <NAME>_h<HB>[_r<R>][_w8][_rope]. Verification blocks (R > 1) for heads of at
-// most 128 elements: S = 8 slots' partial sums in shared memory (sacc) fit beside the
-// combine's weights in the static 48 KB; wider heads take R = 1.
-#define ATTN_SPLIT_HR(NAME, T, E, HB, R)                                                       \
-  ATTN_SPLIT1(NAME, T, E, HB, R, 4) ATTN_SPLIT1(NAME##_w8, T, E, HB, R, 8)
-#define ATTN_SPLIT_R1(NAME, T, E)                                                              \
-  ATTN_SPLIT_HR(NAME##_h1, T, E, 1, 1) ATTN_SPLIT_HR(NAME##_h4, T, E, 4, 1)
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
-  ATTN_SPLIT_R1(NAME, T, E)                                                                    \
-  ATTN_SPLIT_HR(NAME##_h1_r8, T, E, 1, 8) ATTN_SPLIT_HR(NAME##_h4_r2, T, E, 4, 2)
+  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)
 
 ATTN_SPLIT(attn_split_f32_d32, float, 1)
 ATTN_SPLIT(attn_split_f32_d64, float, 2)
 ATTN_SPLIT(attn_split_f32_d128, float, 4)
-ATTN_SPLIT_R1(attn_split_f32_d256, float, 8)
+ATTN_SPLIT(attn_split_f32_d256, float, 8)
 ATTN_SPLIT(attn_split_bf16_d32, __nv_bfloat16, 1)
 ATTN_SPLIT(attn_split_bf16_d64, __nv_bfloat16, 2)
 ATTN_SPLIT(attn_split_bf16_d128, __nv_bfloat16, 4)
-ATTN_SPLIT_R1(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT(attn_split_bf16_d256, __nv_bfloat16, 8)
 ATTN_SPLIT(attn_split_f16_d32, __half, 1)
 ATTN_SPLIT(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT(attn_split_f16_d128, __half, 4)
-ATTN_SPLIT_R1(attn_split_f16_d256, __half, 8)
+ATTN_SPLIT(attn_split_f16_d256, __half, 8)
 
 
 // Causal softmax of attention scores in place, for a prefill chunk's scores
@@ -1135,8 +1109,8 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       const int k = (cu < end ? cu : safe) * CH;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
-        a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
+        a0[u][j] = ldg_stream(reinterpret_cast<const uint4 *>(wa + k) + j);
+        a1[u][j] = ldg_stream(reinterpret_cast<const uint4 *>(wb + k) + j);
       }
     }
   };
