@@ -54,17 +54,6 @@ __device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
   for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
 }
 
-// 16 bytes of a weight through the read-only path without taking an L1 line
-// (`L1::no_allocate`): a GEMV streams each weight byte once, and its lines would evict the
-// activation rows every block re-reads chunk by chunk (GEMV_TC: up to 8 rows of x).
-__device__ __forceinline__ uint4 ldg_stream(const uint4 *p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -290,14 +279,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // rounds of loads in flight together, one barrier for both. The new positions are the
   // last t ≤ 32 < split_len, so they lie in at most two splits.
   const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
-  // A verification row's block writes up to t positions: up to WB write items a thread per
-  // iteration, all their loads issued before any store (one round trip where one item an
-  // iteration took one each: a 5-token block's last row 3 at d = 128). Item w of the
-  // iteration's thread i is i + k * ws (k < WB); with at most a block's worth of items, one
-  // item a thread, as a decode step's.
-  constexpr int WB = 4;
-  const int ws = max(min(writes, (int)blockDim.x), (writes + WB - 1) / WB);
-  for (int i = threadIdx.x; i < max(HB * D, ws); i += blockDim.x) {
+  for (int i = threadIdx.x; i < max(HB * D, writes); i += blockDim.x) {
     const int h = i / D, e = i % D;
     if (h < HB) {
       const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
@@ -313,40 +295,21 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       }
       sq[h][e] = x;
     }
-    if (ROPE) {
-      bool go[WB];
-      float c[WB], sn[WB], x1[WB], x2[WB];
-      T v1[WB], v2[WB];
-#pragma unroll
-      for (int k = 0; k < WB; ++k) {
-        const int w = i + k * ws;
-        const int p = fresh + w / HALF, f = w % HALF, split = p / split_len;
-        const bool visible = window <= 0 || p > qpos - window;
-        go[k] = i < ws && w < writes && visible && split >= start && (split - start) % zs == 0;
-        if (go[k]) {
-          const int n = p - fresh;
-          c[k] = to_f32(rope.cos[(long)p * HALF + f]);
-          sn[k] = to_f32(rope.sin[(long)p * HALF + f]);
-          const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
-          x1[k] = to_f32(x[f]);
-          x2[k] = to_f32(x[f + HALF]);
-          const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
-          v1[k] = vn[f];
-          v2[k] = vn[f + HALF];
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < WB; ++k) {
-        if (!go[k]) continue;
-        const int w = i + k * ws;
-        const int p = fresh + w / HALF, f = w % HALF;
-        T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
-        o[f] = from_f32<T>(x1[k] * c[k] - x2[k] * sn[k]);
-        o[f + HALF] = from_f32<T>(x1[k] * sn[k] + x2[k] * c[k]);
-        T *vw = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
-        vw[f] = v1[k];
-        vw[f + HALF] = v2[k];
-      }
+    const int p = fresh + i / HALF, f = i % HALF, split = p / split_len;
+    const bool visible = window <= 0 || p > qpos - window;
+    if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
+      const int n = p - fresh;
+      const float c = to_f32(rope.cos[(long)p * HALF + f]);
+      const float sn = to_f32(rope.sin[(long)p * HALF + f]);
+      const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
+      const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+      o[f] = from_f32<T>(x1 * c - x2 * sn);
+      o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
+      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
+      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+      w[f] = vn[f];
+      w[f + HALF] = vn[f + HALF];
     }
   }
   __syncthreads();
@@ -1109,8 +1072,8 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       const int k = (cu < end ? cu : safe) * CH;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        a0[u][j] = ldg_stream(reinterpret_cast<const uint4 *>(wa + k) + j);
-        a1[u][j] = ldg_stream(reinterpret_cast<const uint4 *>(wb + k) + j);
+        a0[u][j] = __ldg(reinterpret_cast<const uint4 *>(wa + k) + j);
+        a1[u][j] = __ldg(reinterpret_cast<const uint4 *>(wb + k) + j);
       }
     }
   };
