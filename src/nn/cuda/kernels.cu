@@ -461,15 +461,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                          (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
 }
 
-// Blocks of 8 warps held to 3 resident per SM (at most 85 registers a thread; unbounded they
-// took 115-128, two blocks an SM): a 5-token verification over an 8k cache launches 5x a
-// decode step's 264 blocks, in waves of resident blocks.
-#define ATTN_MIN_BLOCKS(W) ((W) == 8 ? 3 : 1)
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
 #define ATTN_SPLIT1(NAME, T, E, HB, W)                                                          \
-  extern "C" __global__ void __launch_bounds__(W * 32, ATTN_MIN_BLOCKS(W))                                \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
@@ -478,7 +474,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
                                 splits, window, softcap, FusedRope<T>{});                     \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(W * 32, ATTN_MIN_BLOCKS(W))                                \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
                   const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
                   long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
