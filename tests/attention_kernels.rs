@@ -162,12 +162,13 @@ fn reference(c: Case, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
     out
 }
 
-fn check(c: Case, dtype: DType, tol: f32) {
+/// The case's queries `[1, heads, t, d]` and its key and value buffers `[1, kv, len + 24, d]`
+/// (keys and values live in a cache buffer with room to spare, as the KV cache hands them
+/// out), in `dtype` on the test device. The queries carry the softmax scale, as the model's
+/// do: logits of about unit size.
+fn inputs(c: Case, dtype: DType) -> (Tensor, Tensor, Tensor) {
     let dev = device::device();
-    let len = c.history + c.t;
-    // Keys and values live in a cache buffer with room to spare, as the KV cache hands them out.
-    let capacity = len + 24;
-    // Queries carry the softmax scale, as the model's do: logits of about unit size.
+    let capacity = c.history + c.t + 24;
     let q_scale = 2.0 / (c.d as f32).sqrt();
     let q = Tensor::from_vec(
         values(c.heads * c.t * c.d, 1, q_scale),
@@ -187,7 +188,12 @@ fn check(c: Case, dtype: DType, tol: f32) {
         .to_dtype(dtype)
         .unwrap()
     };
-    let (kb, vb) = (buffer(2), buffer(3));
+    (q, buffer(2), buffer(3))
+}
+
+fn check(c: Case, dtype: DType, tol: f32) {
+    let len = c.history + c.t;
+    let (q, kb, vb) = inputs(c, dtype);
     let (k, v) = (kb.narrow(2, 0, len).unwrap(), vb.narrow(2, 0, len).unwrap());
     let got = causal_attention(&q, &k, &v, c.window, c.softcap).unwrap();
     assert_eq!(got.dims(), &[c.t, c.heads * c.d], "{c:?}");
@@ -228,10 +234,10 @@ fn causal_attention_matches_the_formula_in_half_precision() {
 }
 
 /// Each row of a block attended in one call equals that row attended alone over the keys it
-/// sees (the first `history + i + 1`): on CUDA bit for bit — the split kernel takes up to
-/// eight query rows a block, each stepping through the same tiles and splits as it would
-/// alone, which keeps a verification row's logits those of the decode step of the same
-/// token — elsewhere within f32 rounding.
+/// sees (the first `history + i + 1`): on CUDA bit for bit — the split kernel's split
+/// boundaries, tiles and sums for a row do not depend on the other rows of its block, which
+/// keeps a verification row's logits those of the decode step of the same token — elsewhere
+/// within f32 rounding.
 #[test]
 fn block_rows_equal_each_row_alone() {
     let dev = device::device();
@@ -244,26 +250,7 @@ fn block_rows_equal_each_row_alone() {
         };
         for &dtype in dtypes {
             let len = c.history + c.t;
-            let capacity = len + 24;
-            let q = Tensor::from_vec(
-                values(c.heads * c.t * c.d, 1, 2.0 / (c.d as f32).sqrt()),
-                (1, c.heads, c.t, c.d),
-                &dev,
-            )
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-            let buffer = |seed| {
-                Tensor::from_vec(
-                    values(c.kv * capacity * c.d, seed, 1.0),
-                    (1, c.kv, capacity, c.d),
-                    &dev,
-                )
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap()
-            };
-            let (kb, vb) = (buffer(2), buffer(3));
+            let (q, kb, vb) = inputs(c, dtype);
             let block = host(
                 &causal_attention(
                     &q,
