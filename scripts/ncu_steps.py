@@ -3,8 +3,9 @@
 `gpu_decode` with SPECDEC_BENCH_KERNELS=n (n decode steps, then n 5-token verifications):
 every step ends with the argmax of its logits, so the kernels between two argmax launches are
 one step. Prints, per step, the kernel count and the summed device time, then the kernels of
-the steps named on the command line (1-based; default the last) grouped by name (with the DRAM
-bytes read and the bandwidth they imply when that metric was collected).
+the steps named on the command line (1-based; default the last decode step and the last
+verification, steps n and 2n) grouped by name (with the DRAM bytes read and the bandwidth they
+imply when that metric was collected).
 Usage: ncu_steps.py CSV [step ...]"""
 import csv
 import sys
@@ -40,7 +41,7 @@ def main(path, picks):
     for i, s in enumerate(steps, 1):
         print(f"| {i} | {len(s)} | {sum(t for _, t, _ in s):.1f} |")
     # The kernels of the chosen steps (default the last), grouped by name.
-    for k in picks or [len(steps)]:
+    for k in picks or sorted({max(1, len(steps) // 2), len(steps)}):
         if not 1 <= k <= len(steps):
             print(f"\nstep {k}: only {len(steps)} steps")
             continue
