@@ -4,11 +4,14 @@
 //! repeat; the n-gram drafter thrives on repetitive text.
 mod common;
 
+use std::cell::Cell;
 use std::sync::Arc;
 
+use candle_core::Tensor;
 use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
-use specdec::cache::RotatingStrategy;
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::nn::DeviceTokens;
 use specdec::speculative::{
     autoregressive, speculative, Drafter, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
     ModelDrafter, NgramDrafter, SamplingParams, StopReason,
@@ -288,6 +291,129 @@ fn an_eos_among_accepted_drafts_ends_the_generation_and_leaves_a_consistent_cach
                 let sp = run_spec(&target, &mut drafter, &[4, 2], &p, strategy, 0);
                 assert_eq!(sp.output_ids, ar.output_ids, "eos {eos}, {strategy:?}");
             }
+        }
+    }
+}
+
+/// A target that counts how its forwards arrive: with host ids, or with ids left on the
+/// device (read back here: the toy has no device path of its own).
+struct Counting {
+    inner: Toy,
+    host: Cell<usize>,
+    device: Cell<usize>,
+}
+
+impl LanguageModel for Counting {
+    fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> specdec::Result<Tensor> {
+        self.host.set(self.host.get() + 1);
+        self.inner.forward(tokens, cache)
+    }
+    fn forward_device(
+        &self,
+        ids: &DeviceTokens,
+        cache: &mut ModelCache,
+    ) -> specdec::Result<Tensor> {
+        self.device.set(self.device.get() + 1);
+        self.inner.forward(&ids.to_vec()?, cache)
+    }
+    fn new_cache(&self, strategy: RotatingStrategy) -> specdec::Result<ModelCache> {
+        self.inner.new_cache(strategy)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        self.inner.eos_token_ids()
+    }
+}
+
+/// Greedy drafts of a draft model without a confidence threshold are verified where they
+/// lie (`forward_device`: one device → host round trip a step), with the same output as
+/// autoregressive decoding; drafts that need the host (a confidence threshold, sampling,
+/// an n-gram drafter) take `forward`. Both stages of a device step are booked.
+#[test]
+fn greedy_model_drafts_are_verified_on_the_device() {
+    for window in [None, Some(6)] {
+        let target = Counting {
+            inner: Toy::new(VOCAB, 16, 1, 3.0, window),
+            host: Cell::new(0),
+            device: Cell::new(0),
+        };
+        let draft = Arc::new(Toy::new(VOCAB, 16, 11, 3.0, window));
+        let strategy = RotatingStrategy::Staged;
+        let greedy = params(50, GammaPolicy::Fixed(4), SamplingParams::greedy());
+        let mut cache = target.new_cache(strategy).unwrap();
+        let mut rng = StdRng::seed_from_u64(0);
+        let ar = autoregressive(&target, &mut cache, &[3, 1, 4], &greedy, &mut rng).unwrap();
+        let sampled = params(
+            50,
+            GammaPolicy::Fixed(4),
+            SamplingParams {
+                temperature: 0.8,
+                ..SamplingParams::greedy()
+            },
+        );
+        let cases: Vec<(Box<dyn Drafter>, &GenParams, bool)> = vec![
+            (
+                Box::new(ModelDrafter::new("plain", Arc::clone(&draft), strategy, None).unwrap()),
+                &greedy,
+                true,
+            ),
+            (
+                Box::new(
+                    ModelDrafter::new("threshold", Arc::clone(&draft), strategy, Some(0.2))
+                        .unwrap(),
+                ),
+                &greedy,
+                false,
+            ),
+            (
+                Box::new(ModelDrafter::new("sampled", Arc::clone(&draft), strategy, None).unwrap()),
+                &sampled,
+                false,
+            ),
+            (
+                Box::new(NgramDrafter::new("ngram", 1, 3).unwrap()),
+                &greedy,
+                false,
+            ),
+        ];
+        for (mut drafter, p, on_device) in cases {
+            target.host.set(0);
+            target.device.set(0);
+            let mut cache = target.new_cache(strategy).unwrap();
+            let mut rng = StdRng::seed_from_u64(0);
+            let sp = speculative(
+                &target,
+                &mut cache,
+                drafter.as_mut(),
+                &[3, 1, 4],
+                p,
+                &mut rng,
+            )
+            .unwrap();
+            let name = drafter.name().to_string();
+            if p.sampling.is_greedy() {
+                assert_eq!(sp.output_ids, ar.output_ids, "{window:?} {name}");
+            }
+            let steps = sp.accepted.len();
+            assert!(steps >= 10, "{window:?} {name}: {steps} steps");
+            let (device, host) = (target.device.get(), target.host.get());
+            if on_device {
+                // A step without drafts (the last token before max_new_tokens) has nothing
+                // to verify on the device; the prefill is the other host forward.
+                let drafted = sp.proposed.iter().filter(|&&n| n > 0).count();
+                assert!(drafted + 1 >= steps, "{window:?} {name}");
+                assert_eq!(
+                    (device, host),
+                    (drafted, 1 + steps - drafted),
+                    "{window:?} {name}"
+                );
+            } else {
+                assert_eq!((device, host), (0, steps + 1), "{window:?} {name}");
+            }
+            assert!(sp.draft_s > 0.0 && sp.verify_s > 0.0, "{window:?} {name}");
+            assert!(sp.draft_s + sp.verify_s <= sp.wall_s, "{window:?} {name}");
         }
     }
 }

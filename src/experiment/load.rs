@@ -9,6 +9,7 @@ use super::config::{DeviceChoice, DtypeChoice};
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
 use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
+use crate::nn::DeviceTokens;
 use crate::speculative::LanguageModel;
 
 /// The device `choice` names; an explicit GPU that is not available is an error, `auto`
@@ -95,6 +96,16 @@ impl LanguageModel for LoadedModel {
 
     fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
         self.shared_width(self.model.forward_last(tokens, cache)?)
+    }
+
+    // Device ids stay where they are (the trait's defaults would read them back: a device →
+    // host round trip per greedy draft).
+    fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        self.shared_width(self.model.forward_last_device(ids, cache)?)
+    }
+
+    fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        self.shared_width(self.model.forward_device(ids, cache)?)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

@@ -195,6 +195,16 @@ impl Model {
         }
     }
 
+    /// [`Model::forward`] over ids on the device (a verification block of greedy drafts no
+    /// host has read), not read back.
+    pub fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        if self.device.is_cpu() {
+            crate::nn::on_cpu_pool(|| self.decoder.forward_device(ids, cache))
+        } else {
+            self.decoder.forward_device(ids, cache)
+        }
+    }
+
     /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
     /// `RotatingKvCache::new(window, strategy)` per sliding one.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
@@ -233,6 +243,10 @@ impl crate::speculative::LanguageModel for Model {
 
     fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         Model::forward_last_device(self, ids, cache)
+    }
+
+    fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        Model::forward_device(self, ids, cache)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

@@ -5,6 +5,7 @@
 //! `[1, heads, tokens, head_dim]` as the cache layer stores K/V.
 
 mod attention;
+mod clock;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
@@ -25,6 +26,7 @@ mod weights;
 pub use attention::{
     causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
 };
+pub use clock::QueueMark;
 pub use fused::{
     argmax_rows, count_graph_censuses, folded_gemv, graph_pdl, graphs_enabled, open_cuda,
     set_cuda_graphs, Folded, GraphCensus,

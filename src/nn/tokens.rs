@@ -6,9 +6,10 @@ use candle_core::{DType, Tensor};
 
 use crate::error::{Error, Result};
 
-/// Token ids on a device (`[n]` u32), each below `bound`: only [`DeviceTokens::argmax`] and
-/// [`DeviceTokens::cat`] make them, so a model that takes them knows their range without
-/// reading them (an id past the embedding table would read outside it on the GPU).
+/// Token ids on a device (`[n]` u32), each below `bound`: only [`DeviceTokens::argmax`],
+/// [`DeviceTokens::from_host`] (which checks them) and [`DeviceTokens::cat`] make them, so a
+/// model that takes them knows their range without reading them (an id past the embedding
+/// table would read outside it on the GPU).
 #[derive(Clone, Debug)]
 pub struct DeviceTokens {
     ids: Tensor,
@@ -23,6 +24,19 @@ impl DeviceTokens {
         Ok(Self {
             ids: super::fused::argmax_on_device(logits)?,
             bound: vocab,
+        })
+    }
+
+    /// Host ids copied to `device`, each checked below `bound` (the vocabulary they index).
+    pub fn from_host(ids: &[u32], bound: usize, device: &candle_core::Device) -> Result<Self> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= bound) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {bound} ids"
+            )));
+        }
+        Ok(Self {
+            ids: Tensor::new(ids, device)?,
+            bound,
         })
     }
 

@@ -499,6 +499,12 @@ impl Decoder {
         self.forward_rows(StepIds::Device(ids), cache, true)
     }
 
+    /// [`Self::forward`] over ids on the device (a verification block of greedy drafts no
+    /// host has read): every position's logits, nothing read back.
+    pub fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        self.forward_rows(StepIds::Device(ids), cache, false)
+    }
+
     fn forward_rows(&self, ids: StepIds, cache: &mut ModelCache, last: bool) -> Result<Tensor> {
         self.check_input(ids, cache)?;
         let offset = cache.offset();

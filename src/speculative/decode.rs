@@ -4,14 +4,15 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use super::drafter::Drafter;
+use super::drafter::{DeviceDraft, Drafter};
 use super::metrics::{GenerationRecord, StopReason};
 use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
-use super::verify::{Lossless, Verifier};
+use super::verify::{greedy_verdict, Lossless, Verifier};
 use super::LanguageModel;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
+use crate::nn::{DeviceTokens, QueueMark};
 
 /// How many tokens to draft per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,6 +266,14 @@ fn speculative_continue_with<M: LanguageModel>(
 ) -> Result<GenerationRecord> {
     speculative_loop(target, seq, drafter, prompt, params, rng, |step| {
         let t_draft = Instant::now();
+        if params.sampling.is_greedy() && verifier.greedy_is_argmax() {
+            if let Some(draft) =
+                step.drafter
+                    .propose_on_device(step.context, step.max_drafts, step.rng)?
+            {
+                return verify_on_device(target, step.seq, step.context, step.out, draft, t_draft);
+            }
+        }
         let draft =
             step.drafter
                 .propose(step.context, step.max_drafts, &params.sampling, step.rng)?;
@@ -293,6 +302,58 @@ fn speculative_continue_with<M: LanguageModel>(
             proposed: drafts.len(),
             accepted: verdict.accepted,
         })
+    })
+}
+
+/// A greedy step whose drafts never left the device: the target verifies `[last, d1..dγ]`
+/// where the drafts lie, takes each row's argmax there, and the drafts and argmaxes come
+/// back together — the step's one device → host round trip ([`greedy_verdict`] then decides
+/// on the host). The same tokens and commits as the host path (the same argmax; see
+/// [`crate::nn::argmax_rows`]).
+///
+/// Booking: the device queues the verification behind the drafts, so the host cannot see
+/// where one ends; a [`QueueMark`] after each splits the step — the verification is the
+/// device's time from the drafts' end to its own end, drafting the rest of the step so far.
+fn verify_on_device<M: LanguageModel>(
+    target: &M,
+    seq: &mut CachedSequence,
+    context: &[u32],
+    out: &mut Output<'_>,
+    draft: Box<dyn DeviceDraft + '_>,
+    t_step: Instant,
+) -> Result<StepOutcome> {
+    let ids = draft.ids().clone();
+    let device = ids.ids().device().clone();
+    let drafted = QueueMark::record(&device)?;
+    let last = context
+        .last()
+        .copied()
+        .ok_or_else(|| Error::invalid("speculative step without a committed token"))?;
+    let head = DeviceTokens::from_host(&[last], target.vocab_size(), &device)?;
+    let input = DeviceTokens::cat(&[head, ids.clone()])?;
+    let mut spec = seq.cache_mut().speculate()?;
+    let logits = target.forward_device(&input, spec.cache())?;
+    out.record.target_forwards += 1;
+    let best = DeviceTokens::argmax(&logits)?;
+    let verified = QueueMark::record(&device)?;
+    let both = DeviceTokens::cat(&[ids.clone(), best])?.to_vec()?;
+    let (drafts, best) = both.split_at(ids.len());
+    let verdict = greedy_verdict(drafts, best)?;
+    let mut tokens = drafts[..verdict.accepted].to_vec();
+    tokens.push(verdict.next);
+    spec.commit(out.takes(&tokens))?;
+    let step_s = t_step.elapsed().as_secs_f64();
+    let verify_s = drafted.seconds_to(&verified)?.min(step_s);
+    out.record.verify_s += verify_s;
+    out.record.draft_s += step_s - verify_s;
+
+    let t_finish = Instant::now();
+    draft.finish(drafts, verdict.accepted)?;
+    out.record.draft_s += t_finish.elapsed().as_secs_f64();
+    Ok(StepOutcome {
+        tokens,
+        proposed: drafts.len(),
+        accepted: verdict.accepted,
     })
 }
 

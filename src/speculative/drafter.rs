@@ -24,6 +24,18 @@ pub trait Draft {
     fn finish(self: Box<Self>, accepted: usize) -> Result<()>;
 }
 
+/// Greedy drafts still on the device, not read by the host: the engine verifies them where
+/// they lie and reads them back together with the target's argmaxes, one device → host
+/// round trip a step (see [`Drafter::propose_on_device`]). Borrows the drafter until
+/// [`DeviceDraft::finish`] consumes it, like a [`Draft`].
+pub trait DeviceDraft {
+    /// The drafts, `[n]` (n ≥ 1) on the target's device, in order.
+    fn ids(&self) -> &DeviceTokens;
+    /// Told the drafts as read back (`drafts.len()` = the ids' length) and that the target
+    /// accepted the first `accepted`; keeps the matching state.
+    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()>;
+}
+
 /// Proposes continuations of a committed token sequence.
 pub trait Drafter {
     /// A short name for reports.
@@ -49,6 +61,18 @@ pub trait Drafter {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>>;
+    /// Greedy drafting whose drafts stay on the device: up to `max` tokens after `context`,
+    /// what [`Drafter::propose`] would propose under greedy sampling with the same `rng`, or
+    /// `None` where this drafter has no such path (the default: the engine then calls
+    /// `propose`, and nothing has been drawn from `rng`). Called under greedy sampling only.
+    fn propose_on_device<'a>(
+        &'a mut self,
+        _context: &[u32],
+        _max: usize,
+        _rng: &mut StdRng,
+    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
+        Ok(None)
+    }
     /// Model forwards run since the last reset.
     fn forwards(&self) -> usize;
     /// Proposes a token tree of `shape` after `context`. The default drafts a chain of
@@ -158,6 +182,18 @@ impl<M: LanguageModel> ModelDrafter<M> {
         context: &[u32],
         max: usize,
     ) -> Result<Box<dyn Draft + 'a>> {
+        let GreedyDraft { spec, held, ids } = self.draft_greedy(context, max)?;
+        let tokens = ids.to_vec()?;
+        Ok(Box::new(ModelDraft {
+            spec,
+            held,
+            tokens,
+            probs: None,
+        }))
+    }
+
+    /// The greedy chain of `max` (≥ 1) drafts after `context`, left on the device.
+    fn draft_greedy(&mut self, context: &[u32], max: usize) -> Result<GreedyDraft<'_>> {
         let logits = self.sync(context)?;
         let mut drafts = vec![DeviceTokens::argmax(&logits)?];
         let (cache, held) = self.seq.parts();
@@ -170,13 +206,11 @@ impl<M: LanguageModel> ModelDrafter<M> {
             self.forwards += 1;
             drafts.push(DeviceTokens::argmax(&logits)?);
         }
-        let tokens = DeviceTokens::cat(&drafts)?.to_vec()?;
-        Ok(Box::new(ModelDraft {
+        Ok(GreedyDraft {
             spec,
             held,
-            tokens,
-            probs: None,
-        }))
+            ids: DeviceTokens::cat(&drafts)?,
+        })
     }
 }
 
@@ -245,6 +279,37 @@ fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
     }
 }
 
+/// A draft model's greedy chain on the device, with its cache transaction: a [`DeviceDraft`].
+struct GreedyDraft<'a> {
+    spec: Speculation<'a>,
+    held: &'a mut Vec<u32>,
+    ids: DeviceTokens,
+}
+
+impl DeviceDraft for GreedyDraft<'_> {
+    fn ids(&self) -> &DeviceTokens {
+        &self.ids
+    }
+    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
+        keep_accepted(self.spec, self.held, drafts, accepted)
+    }
+}
+
+/// The draft's side of a verdict: its speculation holds `d1..d(k-1)` (the last draft was
+/// never fed); keep the accepted ones and extend the held tokens by them. A fully accepted
+/// chain leaves `dk` to be fed with the next context.
+fn keep_accepted(
+    spec: Speculation<'_>,
+    held: &mut Vec<u32>,
+    drafts: &[u32],
+    accepted: usize,
+) -> Result<()> {
+    let keep = accepted.min(spec.appended());
+    spec.commit(keep)?;
+    held.extend_from_slice(&drafts[..keep]);
+    Ok(())
+}
+
 struct ModelDraft<'a> {
     spec: Speculation<'a>,
     /// The drafter's held tokens, to extend by the kept drafts.
@@ -260,13 +325,9 @@ impl Draft for ModelDraft<'_> {
     fn probs(&self) -> Option<&[Vec<f32>]> {
         self.probs.as_deref()
     }
-    /// The speculation holds `d1..d(k-1)` (the last draft was never fed); keep the accepted
-    /// ones. A fully accepted chain leaves `dk` to be fed with the next context.
+    /// See [`keep_accepted`].
     fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
-        let keep = accepted.min(self.spec.appended());
-        self.spec.commit(keep)?;
-        self.held.extend_from_slice(&self.tokens[..keep]);
-        Ok(())
+        keep_accepted(self.spec, self.held, &self.tokens, accepted)
     }
 }
 
@@ -354,5 +415,19 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         rng: &mut StdRng,
     ) -> Result<Box<dyn TreeDraft + 'a>> {
         self.draft_tree(context, shape, sampling, rng)
+    }
+
+    /// The greedy chain without a confidence threshold (with one, each stop decision needs
+    /// the draft's distribution on the host: `None`).
+    fn propose_on_device<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+        _rng: &mut StdRng,
+    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
+        if self.confidence.is_some() || max == 0 || context.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(self.draft_greedy(context, max)?)))
     }
 }

@@ -29,7 +29,7 @@ pub use decode::{
     autoregressive, autoregressive_continue, speculative, speculative_continue, speculative_with,
     GammaPolicy, GenParams,
 };
-pub use drafter::{Draft, Drafter, ModelDrafter};
+pub use drafter::{DeviceDraft, Draft, Drafter, ModelDrafter};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use oracle::{OracleDrafter, ReferenceStore};
@@ -60,6 +60,12 @@ pub trait LanguageModel {
     /// The default reads them back; models take them where they are.
     fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         self.forward_last(&ids.to_vec()?, cache)
+    }
+    /// [`Self::forward`] over ids on the device (a greedy verification block: the last
+    /// committed token, then drafts no host has read). The default reads them back; models
+    /// take them where they are.
+    fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
+        self.forward(&ids.to_vec()?, cache)
     }
     /// Empty caches for one sequence, rotating layers using `strategy`.
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache>;

@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::decode::{autoregressive, GammaPolicy, GenParams};
-use super::drafter::{Draft, Drafter, FixedDraft};
+use super::drafter::{DeviceDraft, Draft, Drafter, FixedDraft};
 use super::sampling::SamplingParams;
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
@@ -46,6 +46,24 @@ pub struct OracleDrafter<M> {
 struct Mismatches {
     steps: usize,
     warned: bool,
+}
+
+impl Mismatches {
+    /// Greedy verification must accept exactly the `kept` leading tokens of the `proposed`
+    /// (all of them when every token was kept); `at` is the output position of the first,
+    /// `name` the drafter's (for the warning).
+    fn check(&mut self, name: &str, at: usize, proposed: usize, kept: usize, accepted: usize) {
+        if accepted == kept {
+            return;
+        }
+        self.steps += 1;
+        if !self.warned {
+            self.warned = true;
+            eprintln!(
+                "warning: oracle drafter {name:?}: at output position {at} the target accepted {accepted} of {proposed} proposals, whose first {kept} were its greedy reference's: the reference pass computed other logits than this run (another code path, in half precision?), and the measured acceptance falls below alpha"
+            );
+        }
+    }
 }
 
 impl<M: LanguageModel> OracleDrafter<M> {
@@ -177,20 +195,34 @@ impl Draft for Checked<'_> {
         self.inner.probs()
     }
     fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
-        if accepted != self.kept {
-            self.log.steps += 1;
-            if !self.log.warned {
-                self.log.warned = true;
-                eprintln!(
-                    "warning: oracle drafter {:?}: at output position {} the target accepted {accepted} of {} proposals, whose first {} were its greedy reference's: the reference pass computed other logits than this run (another code path, in half precision?), and the measured acceptance falls below alpha",
-                    self.name,
-                    self.at,
-                    self.inner.tokens().len(),
-                    self.kept
-                );
-            }
-        }
+        let proposed = self.inner.tokens().len();
+        self.log
+            .check(self.name, self.at, proposed, self.kept, accepted);
         self.inner.finish(accepted)
+    }
+}
+
+/// [`Checked`] for a proposal left on the device: the cost model's speculation, the
+/// proposal uploaded (the engine verifies it where a draft model's would lie).
+struct CheckedOnDevice<'a> {
+    spec: Speculation<'a>,
+    ids: DeviceTokens,
+    kept: usize,
+    at: usize,
+    name: &'a str,
+    log: &'a mut Mismatches,
+}
+
+impl DeviceDraft for CheckedOnDevice<'_> {
+    fn ids(&self) -> &DeviceTokens {
+        &self.ids
+    }
+    /// As [`CostDraft::finish`], after [`Mismatches::check`].
+    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
+        self.log
+            .check(self.name, self.at, drafts.len(), self.kept, accepted);
+        let keep = accepted.min(self.spec.appended());
+        self.spec.commit(keep)
     }
 }
 
@@ -270,24 +302,11 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         } = self;
         let inner: Box<dyn Draft + 'a> = match cost.as_mut() {
             Some((model, cache)) if !tokens.is_empty() => {
-                // Same forwards as a draft model: the committed tokens it has not seen, then
-                // every proposal but the last inside a speculation.
-                if cache.offset() >= context.len() {
-                    cache.reset();
-                }
-                // Each forward's argmax is taken on the device as a greedy draft model's is
-                // ([`super::ModelDrafter`] feeds it to the next step there), and the last one
-                // is read back: the proposal then waits for the draft's device work, as a real
-                // drafter's does, so that work is booked as drafting rather than left queued
+                let (spec, last) =
+                    cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
+                // The proposal waits for the draft's device work, as a real drafter's
+                // read-back does, so that work is booked as drafting rather than left queued
                 // ahead of the verification.
-                let mut last =
-                    DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
-                *forwards += 1;
-                let mut spec = cache.speculate()?;
-                for &t in &tokens[..tokens.len() - 1] {
-                    last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
-                    *forwards += 1;
-                }
                 last.to_vec()?;
                 Box::new(CostDraft { spec, tokens })
             }
@@ -302,7 +321,71 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         }))
     }
 
+    /// With a cost model: its forwards queued as a greedy draft model's are, nothing read
+    /// back, and the proposal uploaded to be verified on the device. Without one, `None`
+    /// (the proposal is the host's anyway).
+    fn propose_on_device<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+        rng: &mut StdRng,
+    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
+        if self.cost.is_none() || max == 0 {
+            return Ok(None);
+        }
+        let (tokens, at, kept) = self.proposals(context, max, rng)?;
+        if tokens.is_empty() {
+            return Ok(None);
+        }
+        let vocab = self.target.vocab_size();
+        let Self {
+            name,
+            cost,
+            forwards,
+            mismatches,
+            ..
+        } = self;
+        let Some((model, cache)) = cost.as_mut() else {
+            return Ok(None);
+        };
+        let (spec, last) = cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
+        let ids = DeviceTokens::from_host(&tokens, vocab, last.ids().device())?;
+        Ok(Some(Box::new(CheckedOnDevice {
+            spec,
+            ids,
+            kept,
+            at,
+            name: name.as_str(),
+            log: mismatches,
+        })))
+    }
+
     fn forwards(&self) -> usize {
         self.forwards
     }
+}
+
+/// The cost model's forwards for a proposal of `tokens` after `context`, the same as a greedy
+/// draft model's: the committed tokens it has not seen, then every proposal but the last
+/// inside a speculation, each forward's argmax taken on the device (as
+/// [`super::ModelDrafter`] feeds it to the next step there). Returns the speculation and the
+/// last argmax, unread.
+fn cost_forwards<'c, M: LanguageModel>(
+    model: &M,
+    cache: &'c mut ModelCache,
+    context: &[u32],
+    tokens: &[u32],
+    forwards: &mut usize,
+) -> Result<(Speculation<'c>, DeviceTokens)> {
+    if cache.offset() >= context.len() {
+        cache.reset();
+    }
+    let mut last = DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
+    *forwards += 1;
+    let mut spec = cache.speculate()?;
+    for &t in &tokens[..tokens.len() - 1] {
+        last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
+        *forwards += 1;
+    }
+    Ok((spec, last))
 }

@@ -41,12 +41,7 @@ pub fn verify<R: Rng + ?Sized>(
     }
     if sampling.is_greedy() {
         // Only the argmax of each row crosses to the host, not the vocabulary.
-        let best = crate::nn::argmax_rows(logits)?;
-        let accepted = drafts.iter().zip(&best).take_while(|(d, b)| d == b).count();
-        return Ok(Verdict {
-            accepted,
-            next: best[accepted],
-        });
+        return greedy_verdict(drafts, &crate::nn::argmax_rows(logits)?);
     }
     let logits = logits.to_dtype(DType::F32)?;
     for (i, &d) in drafts.iter().enumerate() {
@@ -90,6 +85,24 @@ pub fn verify<R: Rng + ?Sized>(
     })
 }
 
+/// Greedy verification from the target's argmax of each row (`best`, `drafts.len() + 1` of
+/// them): accept while the argmax equals the draft; next = the argmax after the accepted
+/// prefix.
+pub fn greedy_verdict(drafts: &[u32], best: &[u32]) -> Result<Verdict> {
+    if best.len() != drafts.len() + 1 {
+        return Err(Error::invalid(format!(
+            "greedy verification needs {} argmaxes, got {}",
+            drafts.len() + 1,
+            best.len()
+        )));
+    }
+    let accepted = drafts.iter().zip(best).take_while(|(d, b)| d == b).count();
+    Ok(Verdict {
+        accepted,
+        next: best[accepted],
+    })
+}
+
 /// The verification step of [`super::speculative_with`]: given the target's logits over
 /// `[last, d1..dγ]` (`[γ + 1, vocab]`), the drafts and the distributions they were drawn from,
 /// decides the accepted prefix and the next token. [`Lossless`] is the engine's verifier;
@@ -104,6 +117,14 @@ pub trait Verifier {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Verdict>;
+
+    /// Whether greedy verification is [`greedy_verdict`] of the target's argmaxes, so that
+    /// the engine may take them on the device and read them back with drafts that never
+    /// left it (one round trip a step). False by default: the engine then hands
+    /// [`Verifier::verify`] the logits.
+    fn greedy_is_argmax(&self) -> bool {
+        false
+    }
 }
 
 /// Greedy matching or lossless rejection sampling: [`verify`].
@@ -120,5 +141,9 @@ impl Verifier for Lossless {
         rng: &mut StdRng,
     ) -> Result<Verdict> {
         verify(logits, drafts, draft_probs, sampling, rng)
+    }
+
+    fn greedy_is_argmax(&self) -> bool {
+        true
     }
 }
