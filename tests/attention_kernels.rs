@@ -91,6 +91,20 @@ fn cases() -> Vec<Case> {
             softcap: None,
         });
     }
+    // Blocks of several rows over caches where the split kernel groups query heads for
+    // blocks but not for single rows (from 512 keys; from 1,024 with eight warps a block):
+    // each row must still equal the row attended alone.
+    for (heads, kv, d, t, history) in [(8, 2, 128, 5, 700), (14, 2, 64, 7, 1_100)] {
+        out.push(Case {
+            heads,
+            kv,
+            d,
+            t,
+            history,
+            window: None,
+            softcap: None,
+        });
+    }
     // Query groups of more heads than one block of the split kernel takes (4): Qwen2.5's 7
     // query heads per kv head (blocks of 4 and 3), and 8.
     for (heads, kv) in [(14, 2), (8, 1)] {

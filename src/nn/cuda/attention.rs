@@ -31,13 +31,39 @@ const MAX_SPLITS: usize = 512;
 const SPLIT_BLOCKS: usize = 64;
 /// Query heads of one kv head's group per block of the split kernel over caches of at least
 /// [`GROUPED_MIN_LEN`] keys (`HB` in kernels.cu): they share each K/V row the block loads.
-/// Shorter caches take one block per query head, the shortest chain of dependent loads. Each
-/// head's arithmetic is the same either way.
+/// Shorter caches take one block per query head, the shortest chain of dependent loads,
+/// except for blocks of several rows (see [`GROUPED_ROWS_MIN_LEN`]). Each head's arithmetic
+/// is the same either way.
 const GROUPED_HEADS: usize = 4;
 /// Keys from which the split kernel groups query heads. Measured on the H200 (8B shape,
 /// 2026-11-23): grouped heads decoded 6% slower at 128 and 1,024 tokens of context and
 /// 2-3% faster at 4,096 and 8,000, where they verified 5 tokens 16-21% faster.
 const GROUPED_MIN_LEN: usize = 4096;
+
+/// Keys from which a block of several rows (a verification block) groups query heads:
+/// it then reads each K/V row once per group and row instead of once per head and row.
+/// Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification row stays
+/// bitwise the decode step of its position. Measured on an H100 (8B shape, 5 rows,
+/// 2026-11-25): a verification over 2,048 keys 6.23 against 7.17 ms (the 1B shape's 1.25
+/// against 1.62), over 640 0.3-0.8% faster (1B 1-3%), over 128 1.8% slower.
+const GROUPED_ROWS_MIN_LEN: usize = 512;
+
+/// Rows from which a block groups query heads over caches of at least
+/// [`GROUPED_ROWS_MIN_LEN`] keys: `2` unless `SPECDEC_ATTN_GROUPED_MIN_ROWS` says otherwise
+/// (read once; `0` = never by rows, for comparisons in one build).
+fn grouped_min_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        match std::env::var("SPECDEC_ATTN_GROUPED_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(0) => usize::MAX,
+            Some(r) => r,
+            None => 2,
+        }
+    })
+}
 /// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
@@ -229,7 +255,8 @@ impl SplitAttention {
         // SAFETY: the last split block of each (row, head) writes its d outputs.
         let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
 
-        let hb = if max_len >= GROUPED_MIN_LEN && group > 1 {
+        let by_rows = max_len >= GROUPED_ROWS_MIN_LEN && t >= grouped_min_rows();
+        let hb = if group > 1 && (max_len >= GROUPED_MIN_LEN || by_rows) {
             GROUPED_HEADS
         } else {
             1
