@@ -4,7 +4,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use super::drafter::{DeviceDraft, Drafter};
+use super::drafter::{Drafter, QueuedDraft, VerifyBlock};
 use super::metrics::{GenerationRecord, StopReason};
 use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
@@ -266,12 +266,12 @@ fn speculative_continue_with<M: LanguageModel>(
 ) -> Result<GenerationRecord> {
     speculative_loop(target, seq, drafter, prompt, params, rng, |step| {
         let t_draft = Instant::now();
-        if params.sampling.is_greedy() && verifier.greedy_is_argmax() {
+        if params.sampling.is_greedy() && verifier.greedy_is_argmax() && queued_verification() {
             if let Some(draft) =
                 step.drafter
-                    .propose_on_device(step.context, step.max_drafts, step.rng)?
+                    .propose_queued(step.context, step.max_drafts, step.rng)?
             {
-                return verify_on_device(target, step.seq, step.context, step.out, draft, t_draft);
+                return verify_queued(target, step.seq, step.out, draft, t_draft);
             }
         }
         let draft =
@@ -305,50 +305,76 @@ fn speculative_continue_with<M: LanguageModel>(
     })
 }
 
-/// A greedy step whose drafts never left the device: the target verifies `[last, d1..dγ]`
-/// where the drafts lie, takes each row's argmax there, and the drafts and argmaxes come
-/// back together — the step's one device → host round trip ([`greedy_verdict`] then decides
-/// on the host). The same tokens and commits as the host path (the same argmax; see
+/// Whether greedy steps may verify a [`QueuedDraft`] ([`verify_queued`]): yes unless
+/// `SPECDEC_QUEUED_VERIFY=0` (read once; for comparisons in one build — the drafts are then
+/// read back before the verification is queued, two round trips a step).
+fn queued_verification() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_QUEUED_VERIFY").map_or(true, |v| v != "0"))
+}
+
+/// A greedy step whose proposal's device work was queued, not waited for: the target's
+/// verification of `[last, d1..dγ]` is queued behind it, each row's argmax is taken on the
+/// device, and one read-back brings the argmaxes (with the drafts, where they lie on the
+/// device) — the step's one device → host round trip; [`greedy_verdict`] then decides on the
+/// host. The same tokens and commits as the host path (the same argmax; see
 /// [`crate::nn::argmax_rows`]).
 ///
-/// Booking: the device queues the verification behind the drafts, so the host cannot see
-/// where one ends; a [`QueueMark`] after each splits the step — the verification is the
-/// device's time from the drafts' end to its own end, drafting the rest of the step so far.
-fn verify_on_device<M: LanguageModel>(
+/// Booking: the host cannot see where the drafting ends on the device, so a [`QueueMark`]
+/// before and after the verification's device work splits the step: the verification is the
+/// device's time between them plus the host's acceptance test and commit, drafting the rest.
+fn verify_queued<M: LanguageModel>(
     target: &M,
     seq: &mut CachedSequence,
-    context: &[u32],
     out: &mut Output<'_>,
-    draft: Box<dyn DeviceDraft + '_>,
+    draft: Box<dyn QueuedDraft + '_>,
     t_step: Instant,
 ) -> Result<StepOutcome> {
-    let ids = draft.ids().clone();
-    let device = ids.ids().device().clone();
-    let drafted = QueueMark::record(&device)?;
-    let last = context
-        .last()
-        .copied()
-        .ok_or_else(|| Error::invalid("speculative step without a committed token"))?;
-    let head = DeviceTokens::from_host(&[last], target.vocab_size(), &device)?;
-    let input = DeviceTokens::cat(&[head, ids.clone()])?;
+    let rows = match draft.block() {
+        VerifyBlock::Device(block) => block.len(),
+        VerifyBlock::Host { ids, .. } => ids.len(),
+    };
+    if rows < 2 {
+        return Err(Error::invalid(format!(
+            "a verification block holds the last token and at least one draft, got {rows} ids"
+        )));
+    }
     let mut spec = seq.cache_mut().speculate()?;
-    let logits = target.forward_device(&input, spec.cache())?;
+    let (marks, drafts, best) = match draft.block() {
+        VerifyBlock::Device(block) => {
+            let device = block.ids().device();
+            let drafted = QueueMark::record(device)?;
+            let logits = target.forward_device(block, spec.cache())?;
+            let best = DeviceTokens::argmax(&logits)?;
+            let both = DeviceTokens::cat(&[block.clone(), best])?;
+            let verified = QueueMark::record(device)?;
+            let mut both = both.to_vec()?;
+            let best = both.split_off(block.len());
+            both.remove(0);
+            ((drafted, verified), both, best)
+        }
+        VerifyBlock::Host { ids, device } => {
+            let drafted = QueueMark::record(device)?;
+            let logits = target.forward(ids, spec.cache())?;
+            let best = DeviceTokens::argmax(&logits)?;
+            let verified = QueueMark::record(device)?;
+            ((drafted, verified), ids[1..].to_vec(), best.to_vec()?)
+        }
+    };
     out.record.target_forwards += 1;
-    let best = DeviceTokens::argmax(&logits)?;
-    let verified = QueueMark::record(&device)?;
-    let both = DeviceTokens::cat(&[ids.clone(), best])?.to_vec()?;
-    let (drafts, best) = both.split_at(ids.len());
-    let verdict = greedy_verdict(drafts, best)?;
+    let read_s = t_step.elapsed().as_secs_f64();
+    let verify_device_s = marks.0.seconds_to(&marks.1)?.min(read_s);
+    out.record.draft_s += read_s - verify_device_s;
+
+    let t_verdict = Instant::now();
+    let verdict = greedy_verdict(&drafts, &best)?;
     let mut tokens = drafts[..verdict.accepted].to_vec();
     tokens.push(verdict.next);
     spec.commit(out.takes(&tokens))?;
-    let step_s = t_step.elapsed().as_secs_f64();
-    let verify_s = drafted.seconds_to(&verified)?.min(step_s);
-    out.record.verify_s += verify_s;
-    out.record.draft_s += step_s - verify_s;
+    out.record.verify_s += verify_device_s + t_verdict.elapsed().as_secs_f64();
 
     let t_finish = Instant::now();
-    draft.finish(drafts, verdict.accepted)?;
+    draft.finish(&drafts, verdict.accepted)?;
     out.record.draft_s += t_finish.elapsed().as_secs_f64();
     Ok(StepOutcome {
         tokens,

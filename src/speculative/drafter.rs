@@ -1,7 +1,7 @@
 //! The drafter interface and the draft-model drafter.
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
 use super::prefill::CachedSequence;
@@ -24,16 +24,32 @@ pub trait Draft {
     fn finish(self: Box<Self>, accepted: usize) -> Result<()>;
 }
 
-/// Greedy drafts still on the device, not read by the host: the engine verifies them where
-/// they lie and reads them back together with the target's argmaxes, one device → host
-/// round trip a step (see [`Drafter::propose_on_device`]). Borrows the drafter until
-/// [`DeviceDraft::finish`] consumes it, like a [`Draft`].
-pub trait DeviceDraft {
-    /// The drafts, `[n]` (n ≥ 1) on the target's device, in order.
-    fn ids(&self) -> &DeviceTokens;
-    /// Told the drafts as read back (`drafts.len()` = the ids' length) and that the target
-    /// accepted the first `accepted`; keeps the matching state.
+/// A greedy proposal whose device work is queued, not waited for: the engine queues the
+/// verification behind it and reads the target's argmaxes (with the drafts, where the host
+/// has not seen them) back once — one device → host round trip a step (see
+/// [`Drafter::propose_queued`]). Borrows the drafter until [`QueuedDraft::finish`] consumes
+/// it, like a [`Draft`].
+pub trait QueuedDraft {
+    /// The verification block: the last committed token, then the n ≥ 1 drafts.
+    fn block(&self) -> VerifyBlock<'_>;
+    /// Told the drafts (as read back, or the host's) and that the target accepted the first
+    /// `accepted`; keeps the matching state.
     fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()>;
+}
+
+/// Where a [`QueuedDraft`]'s verification block `[last, d1..dn]` lies.
+#[derive(Clone, Copy, Debug)]
+pub enum VerifyBlock<'a> {
+    /// On the target's device, unread: a draft model's argmaxes.
+    Device(&'a DeviceTokens),
+    /// On the host: drafts the drafter knows without reading anything back (the oracle,
+    /// whose draft model runs only for its cost), with the device its work was queued on.
+    Host {
+        /// `[last, d1..dn]`.
+        ids: &'a [u32],
+        /// Where the drafter's forwards run (the target's device).
+        device: &'a Device,
+    },
 }
 
 /// Proposes continuations of a committed token sequence.
@@ -61,16 +77,17 @@ pub trait Drafter {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>>;
-    /// Greedy drafting whose drafts stay on the device: up to `max` tokens after `context`,
-    /// what [`Drafter::propose`] would propose under greedy sampling with the same `rng`, or
-    /// `None` where this drafter has no such path (the default: the engine then calls
-    /// `propose`, and nothing has been drawn from `rng`). Called under greedy sampling only.
-    fn propose_on_device<'a>(
+    /// Greedy drafting without waiting for the drafter's device work: up to `max` tokens
+    /// after `context`, what [`Drafter::propose`] would propose under greedy sampling with
+    /// the same `rng`, or `None` where this drafter has no such path (the default: the engine
+    /// then calls `propose`, and nothing has been drawn from `rng`). Called under greedy
+    /// sampling only.
+    fn propose_queued<'a>(
         &'a mut self,
         _context: &[u32],
         _max: usize,
         _rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
+    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
         Ok(None)
     }
     /// Model forwards run since the last reset.
@@ -182,8 +199,9 @@ impl<M: LanguageModel> ModelDrafter<M> {
         context: &[u32],
         max: usize,
     ) -> Result<Box<dyn Draft + 'a>> {
-        let GreedyDraft { spec, held, ids } = self.draft_greedy(context, max)?;
-        let tokens = ids.to_vec()?;
+        let GreedyDraft { spec, held, block } = self.draft_greedy(context, max)?;
+        let mut tokens = block.to_vec()?;
+        tokens.remove(0);
         Ok(Box::new(ModelDraft {
             spec,
             held,
@@ -192,24 +210,29 @@ impl<M: LanguageModel> ModelDrafter<M> {
         }))
     }
 
-    /// The greedy chain of `max` (≥ 1) drafts after `context`, left on the device.
+    /// The greedy chain of `max` (≥ 1) drafts after `context` (non-empty), left on the
+    /// device as the verification block `[last, d1..dmax]`.
     fn draft_greedy(&mut self, context: &[u32], max: usize) -> Result<GreedyDraft<'_>> {
         let logits = self.sync(context)?;
-        let mut drafts = vec![DeviceTokens::argmax(&logits)?];
+        let first = DeviceTokens::argmax(&logits)?;
+        // The block's head, uploaded while the draft runs; checked below the draft's bound.
+        let last = context[context.len() - 1];
+        let head = DeviceTokens::from_host(&[last], first.bound(), first.ids().device())?;
+        let mut parts = vec![head, first];
         let (cache, held) = self.seq.parts();
         let mut spec = cache.speculate()?;
         // Every draft but the last is fed (the last one's K/V come with the next context).
-        while drafts.len() < max {
+        while parts.len() <= max {
             let logits = self
                 .model
-                .forward_last_device(&drafts[drafts.len() - 1], spec.cache())?;
+                .forward_last_device(&parts[parts.len() - 1], spec.cache())?;
             self.forwards += 1;
-            drafts.push(DeviceTokens::argmax(&logits)?);
+            parts.push(DeviceTokens::argmax(&logits)?);
         }
         Ok(GreedyDraft {
             spec,
             held,
-            ids: DeviceTokens::cat(&drafts)?,
+            block: DeviceTokens::cat(&parts)?,
         })
     }
 }
@@ -279,16 +302,18 @@ fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
     }
 }
 
-/// A draft model's greedy chain on the device, with its cache transaction: a [`DeviceDraft`].
+/// A draft model's greedy chain on the device, with its cache transaction: a
+/// [`QueuedDraft`].
 struct GreedyDraft<'a> {
     spec: Speculation<'a>,
     held: &'a mut Vec<u32>,
-    ids: DeviceTokens,
+    /// `[last, d1..dn]`.
+    block: DeviceTokens,
 }
 
-impl DeviceDraft for GreedyDraft<'_> {
-    fn ids(&self) -> &DeviceTokens {
-        &self.ids
+impl QueuedDraft for GreedyDraft<'_> {
+    fn block(&self) -> VerifyBlock<'_> {
+        VerifyBlock::Device(&self.block)
     }
     fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
         keep_accepted(self.spec, self.held, drafts, accepted)
@@ -419,12 +444,12 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
 
     /// The greedy chain without a confidence threshold (with one, each stop decision needs
     /// the draft's distribution on the host: `None`).
-    fn propose_on_device<'a>(
+    fn propose_queued<'a>(
         &'a mut self,
         context: &[u32],
         max: usize,
         _rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
+    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
         if self.confidence.is_some() || max == 0 || context.is_empty() {
             return Ok(None);
         }

@@ -29,7 +29,7 @@ pub use decode::{
     autoregressive, autoregressive_continue, speculative, speculative_continue, speculative_with,
     GammaPolicy, GenParams,
 };
-pub use drafter::{DeviceDraft, Draft, Drafter, ModelDrafter};
+pub use drafter::{Draft, Drafter, ModelDrafter, QueuedDraft, VerifyBlock};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use oracle::{OracleDrafter, ReferenceStore};

@@ -10,11 +10,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use candle_core::Device;
 use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::decode::{autoregressive, GammaPolicy, GenParams};
-use super::drafter::{DeviceDraft, Draft, Drafter, FixedDraft};
+use super::drafter::{Draft, Drafter, FixedDraft, QueuedDraft, VerifyBlock};
 use super::sampling::SamplingParams;
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
@@ -202,20 +203,25 @@ impl Draft for Checked<'_> {
     }
 }
 
-/// [`Checked`] for a proposal left on the device: the cost model's speculation, the
-/// proposal uploaded (the engine verifies it where a draft model's would lie).
-struct CheckedOnDevice<'a> {
+/// [`Checked`] for a proposal whose cost forwards are queued, not waited for: the cost
+/// model's speculation and the verification block `[last, proposals..]` (the host's).
+struct CheckedQueued<'a> {
     spec: Speculation<'a>,
-    ids: DeviceTokens,
+    block: Vec<u32>,
+    /// The cost model's device.
+    device: Device,
     kept: usize,
     at: usize,
     name: &'a str,
     log: &'a mut Mismatches,
 }
 
-impl DeviceDraft for CheckedOnDevice<'_> {
-    fn ids(&self) -> &DeviceTokens {
-        &self.ids
+impl QueuedDraft for CheckedQueued<'_> {
+    fn block(&self) -> VerifyBlock<'_> {
+        VerifyBlock::Host {
+            ids: &self.block,
+            device: &self.device,
+        }
     }
     /// As [`CostDraft::finish`], after [`Mismatches::check`].
     fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
@@ -322,22 +328,21 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
     }
 
     /// With a cost model: its forwards queued as a greedy draft model's are, nothing read
-    /// back, and the proposal uploaded to be verified on the device. Without one, `None`
-    /// (the proposal is the host's anyway).
-    fn propose_on_device<'a>(
+    /// back (the engine's one read-back after the verification waits for them, as for a
+    /// draft model's drafts). Without one, `None`: [`Drafter::propose`] waits for nothing.
+    fn propose_queued<'a>(
         &'a mut self,
         context: &[u32],
         max: usize,
         rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn DeviceDraft + 'a>>> {
-        if self.cost.is_none() || max == 0 {
+    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
+        if self.cost.is_none() || max == 0 || context.is_empty() {
             return Ok(None);
         }
         let (tokens, at, kept) = self.proposals(context, max, rng)?;
         if tokens.is_empty() {
             return Ok(None);
         }
-        let vocab = self.target.vocab_size();
         let Self {
             name,
             cost,
@@ -349,10 +354,14 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             return Ok(None);
         };
         let (spec, last) = cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
-        let ids = DeviceTokens::from_host(&tokens, vocab, last.ids().device())?;
-        Ok(Some(Box::new(CheckedOnDevice {
+        let device = last.ids().device().clone();
+        let mut block = Vec::with_capacity(tokens.len() + 1);
+        block.extend(context.last().copied());
+        block.extend_from_slice(&tokens);
+        Ok(Some(Box::new(CheckedQueued {
             spec,
-            ids,
+            block,
+            device,
             kept,
             at,
             name: name.as_str(),
