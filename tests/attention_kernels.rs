@@ -92,9 +92,9 @@ fn cases() -> Vec<Case> {
         });
     }
     // Blocks of several rows over caches where the split kernel groups query heads for
-    // blocks but not for single rows (from 512 keys; from 1,024 with eight warps a block):
+    // blocks but not for single rows (from 768 keys; from 1,024 with eight warps a block):
     // each row must still equal the row attended alone.
-    for (heads, kv, d, t, history) in [(8, 2, 128, 5, 700), (14, 2, 64, 7, 1_100)] {
+    for (heads, kv, d, t, history) in [(8, 2, 128, 5, 800), (14, 2, 64, 7, 1_100)] {
         out.push(Case {
             heads,
             kv,

@@ -43,10 +43,13 @@ const GROUPED_MIN_LEN: usize = 4096;
 /// Keys from which a block of several rows (a verification block) groups query heads:
 /// it then reads each K/V row once per group and row instead of once per head and row.
 /// Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification row stays
-/// bitwise the decode step of its position. Measured on an H100 (8B shape, 5 rows,
-/// 2026-11-25): a verification over 2,048 keys 6.23 against 7.17 ms (the 1B shape's 1.25
-/// against 1.62), over 640 0.3-0.8% faster (1B 1-3%), over 128 1.8% slower.
-const GROUPED_ROWS_MIN_LEN: usize = 512;
+/// bitwise the decode step of its position. Measured on H100s (5 rows, 2026-11-25; the
+/// capacity in brackets): the 8B shape over 2,048 keys (2,048) 6.23 against 7.17 ms, over
+/// 1,024 (1,024) 5.66 against 6.35, over 640 (768) 0.3-0.8% faster, over 300 and 450 (512)
+/// 0-0.8% slower, over 128 (256) 1.8% slower; the 1B shape 1-3% faster from 512 keys. In
+/// the oracle benchmark (contexts of 13-525 tokens) grouping from 512 keys made the 8B
+/// target's speculation 0.8% slower, hence 768.
+const GROUPED_ROWS_MIN_LEN: usize = 768;
 
 /// Rows from which a block groups query heads over caches of at least
 /// [`GROUPED_ROWS_MIN_LEN`] keys: `2` unless `SPECDEC_ATTN_GROUPED_MIN_ROWS` says otherwise
