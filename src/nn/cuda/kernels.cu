@@ -181,7 +181,9 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
 // Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
 // HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
 // z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: W
-// warps (4, or 8 over long caches: twice the loads in flight, half the chain of tiles). Split s covers key indices [s * split_len, (s+1) * split_len) in tiles of 32 keys,
+// warps (8 by default: twice the loads in flight and half the chain of tiles of 4; the
+// choice follows the cache's capacity, never the row count). Split s covers key indices
+// [s * split_len, (s+1) * split_len) in tiles of 32 keys,
 // one tile per warp at a time: lane l loads key tile + l once and scores it against each of
 // the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
 // lane loads its E dimensions of each of the tile's value rows once and accumulates them for
