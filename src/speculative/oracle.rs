@@ -340,20 +340,11 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             return Ok(None);
         }
         let (tokens, at, kept) = self.proposals(context, max, rng)?;
-        if tokens.is_empty() {
-            return Ok(None);
-        }
-        let Self {
-            name,
-            cost,
-            forwards,
-            mismatches,
-            ..
-        } = self;
-        let Some((model, cache)) = cost.as_mut() else {
+        let Some((model, cache)) = self.cost.as_mut().filter(|_| !tokens.is_empty()) else {
             return Ok(None);
         };
-        let (spec, last) = cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
+        let (spec, last) =
+            cost_forwards(model.as_ref(), cache, context, &tokens, &mut self.forwards)?;
         let device = last.ids().device().clone();
         let mut block = Vec::with_capacity(tokens.len() + 1);
         block.extend(context.last().copied());
@@ -364,8 +355,8 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             device,
             kept,
             at,
-            name: name.as_str(),
-            log: mismatches,
+            name: self.name.as_str(),
+            log: &mut self.mismatches,
         })))
     }
 
