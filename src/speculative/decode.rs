@@ -330,18 +330,18 @@ fn verify_queued<M: LanguageModel>(
     draft: Box<dyn QueuedDraft + '_>,
     t_step: Instant,
 ) -> Result<StepOutcome> {
-    let rows = match draft.block() {
-        VerifyBlock::Device(block) => block.len(),
-        VerifyBlock::Host { ids, .. } => ids.len(),
+    let check = |rows: usize| {
+        if rows < 2 {
+            return Err(Error::invalid(format!(
+                "a verification block holds the last token and at least one draft, got {rows} ids"
+            )));
+        }
+        Ok(())
     };
-    if rows < 2 {
-        return Err(Error::invalid(format!(
-            "a verification block holds the last token and at least one draft, got {rows} ids"
-        )));
-    }
     let mut spec = seq.cache_mut().speculate()?;
     let (marks, drafts, best) = match draft.block() {
         VerifyBlock::Device(block) => {
+            check(block.len())?;
             let device = block.ids().device();
             let drafted = QueueMark::record(device)?;
             let logits = target.forward_device(block, spec.cache())?;
@@ -354,6 +354,7 @@ fn verify_queued<M: LanguageModel>(
             ((drafted, verified), both, best)
         }
         VerifyBlock::Host { ids, device } => {
+            check(ids.len())?;
             let drafted = QueueMark::record(device)?;
             let logits = target.forward(ids, spec.cache())?;
             let best = DeviceTokens::argmax(&logits)?;
