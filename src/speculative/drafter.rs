@@ -199,9 +199,8 @@ impl<M: LanguageModel> ModelDrafter<M> {
         context: &[u32],
         max: usize,
     ) -> Result<Box<dyn Draft + 'a>> {
-        let GreedyDraft { spec, held, block } = self.draft_greedy(context, max)?;
-        let mut tokens = block.to_vec()?;
-        tokens.remove(0);
+        let GreedyDraft { spec, held, block } = self.draft_greedy(context, max, false)?;
+        let tokens = block.to_vec()?;
         Ok(Box::new(ModelDraft {
             spec,
             held,
@@ -211,18 +210,31 @@ impl<M: LanguageModel> ModelDrafter<M> {
     }
 
     /// The greedy chain of `max` (≥ 1) drafts after `context` (non-empty), left on the
-    /// device as the verification block `[last, d1..dmax]`.
-    fn draft_greedy(&mut self, context: &[u32], max: usize) -> Result<GreedyDraft<'_>> {
+    /// device: `[d1..dmax]`, or with `with_last` the verification block `[last, d1..dmax]`.
+    fn draft_greedy(
+        &mut self,
+        context: &[u32],
+        max: usize,
+        with_last: bool,
+    ) -> Result<GreedyDraft<'_>> {
         let logits = self.sync(context)?;
         let first = DeviceTokens::argmax(&logits)?;
-        // The block's head, uploaded while the draft runs; checked below the draft's bound.
-        let last = context[context.len() - 1];
-        let head = DeviceTokens::from_host(&[last], first.bound(), first.ids().device())?;
-        let mut parts = vec![head, first];
+        let mut parts = Vec::with_capacity(max + 1);
+        if with_last {
+            // Uploaded while the draft runs; checked below the draft's bound.
+            let last = context[context.len() - 1];
+            parts.push(DeviceTokens::from_host(
+                &[last],
+                first.bound(),
+                first.ids().device(),
+            )?);
+        }
+        let head = parts.len();
+        parts.push(first);
         let (cache, held) = self.seq.parts();
         let mut spec = cache.speculate()?;
         // Every draft but the last is fed (the last one's K/V come with the next context).
-        while parts.len() <= max {
+        while parts.len() < head + max {
             let logits = self
                 .model
                 .forward_last_device(&parts[parts.len() - 1], spec.cache())?;
@@ -307,7 +319,7 @@ fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
 struct GreedyDraft<'a> {
     spec: Speculation<'a>,
     held: &'a mut Vec<u32>,
-    /// `[last, d1..dn]`.
+    /// `[last, d1..dn]` (`[d1..dn]` for the read-back path of `propose_greedy`).
     block: DeviceTokens,
 }
 
@@ -453,6 +465,6 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         if self.confidence.is_some() || max == 0 || context.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Box::new(self.draft_greedy(context, max)?)))
+        Ok(Some(Box::new(self.draft_greedy(context, max, true)?)))
     }
 }
