@@ -11,6 +11,7 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=SPECDEC_KERNEL_TRACE");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -22,7 +23,11 @@ fn main() {
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
         .join("specdec_kernels.fatbin");
+    // SPECDEC_KERNEL_TRACE=1: a diagnostics build whose kernels record when each block
+    // passed its PDL wait (`nn::kernel_trace`); slower, never for measurements of speed.
+    let trace = std::env::var("SPECDEC_KERNEL_TRACE").is_ok_and(|v| v == "1");
     let status = Command::new("nvcc")
+        .args(trace.then_some("-DSPECDEC_KERNEL_TRACE"))
         .args([
             "--fatbin",
             "-O3",

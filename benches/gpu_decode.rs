@@ -14,7 +14,8 @@
 //!    work. Also given: the host time until the decode forward returns (enqueue), which is
 //!    all of the step when the host, not the device, is the bottleneck; and a chained step
 //!    (4 more steps per round, each fed the argmax of the one before where it lies on the
-//!    device and read back once at the end, as greedy drafting runs them): the step without
+//!    device — `forward_argmax`, the argmax inside the step — and read back once at the
+//!    end, as greedy drafting runs them): the step without
 //!    the host's round trip. c is the draft's chained step over the target's decode step.
 //! 3. **Stages**: one decode step after 128 tokens, `PROFILE_STEPS` times, with the device
 //!    synchronised at every stage boundary (`specdec::nn::profile`): per-stage ms per token,
@@ -32,7 +33,7 @@ use candle_core::{DType, Device, Tensor};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::experiment::context_limit;
 use specdec::models::{DTypeChoice, LoadOptions, Model};
-use specdec::nn::DeviceTokens;
+use specdec::nn::StepIds;
 
 const DECODES_PER_ROUND: usize = 4;
 const VERIFY: usize = 5;
@@ -142,12 +143,13 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         // As many steps chained as a greedy draft chains them: each fed the argmax of the one
         // before where it lies on the device, read back once at the end.
         let start = Instant::now();
-        let mut ids =
-            DeviceTokens::argmax(&model.forward_last(&[next], &mut cache).expect("decode"))
-                .expect("argmax");
+        let mut ids = model
+            .forward_argmax(StepIds::Host(&[next]), &mut cache, true)
+            .expect("decode");
         for _ in 1..DECODES_PER_ROUND {
-            let logits = model.forward_last_device(&ids, &mut cache).expect("decode");
-            ids = DeviceTokens::argmax(&logits).expect("argmax");
+            ids = model
+                .forward_argmax(StepIds::Device(&ids), &mut cache, true)
+                .expect("decode");
         }
         next = ids.to_vec().expect("read back")[0];
         let c = start.elapsed().as_secs_f64() / DECODES_PER_ROUND as f64;
@@ -249,6 +251,14 @@ fn main() {
     };
     let contexts = env_list("SPECDEC_BENCH_CONTEXTS", &[128, 1024, 4096, 8000]);
     let rounds = env_list("SPECDEC_BENCH_ROUNDS", &[16])[0].max(1);
+    #[cfg(feature = "cuda")]
+    if let Ok(n) = std::env::var("SPECDEC_BENCH_TRACE") {
+        let n: usize = n.parse().expect("SPECDEC_BENCH_TRACE: a step count");
+        for dir in &dirs {
+            trace(dir, &device, n);
+        }
+        return;
+    }
     if let Ok(n) = std::env::var("SPECDEC_BENCH_KERNELS") {
         let n: usize = n.parse().expect("SPECDEC_BENCH_KERNELS: a step count");
         let opts = LoadOptions {
@@ -400,5 +410,110 @@ fn main() {
         });
         std::fs::write(&path, serde_json::to_string_pretty(&doc).expect("json"))
             .unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+    }
+}
+
+/// `SPECDEC_BENCH_TRACE=n` with a diagnostics build (`SPECDEC_KERNEL_TRACE=1`): `n` chained
+/// decode steps after 128 tokens, then `n` with the step's id uploaded from the host (as the
+/// oracle feeds its cost model), then `n` verifications of 5 tokens (each rolled back; all
+/// but the first chained, the first a decode step), each block's PDL release recorded: per launch of our kernels
+/// (in release order) the blocks, the first block's entry and release, and the time to the
+/// next launch's release; then, per launch position within a step, the mean of that time.
+/// Gaps hold what is not ours (candle's copies, casts, the embedding; uploads).
+#[cfg(feature = "cuda")]
+fn trace(dir: &std::path::Path, device: &Device, n: usize) {
+    let Device::Cuda(dev) = device else {
+        panic!("SPECDEC_BENCH_TRACE needs a CUDA device");
+    };
+    let opts = LoadOptions {
+        device: device.clone(),
+        dtype: dtype(),
+    };
+    let model =
+        Model::load(dir, &opts).unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
+    let vocab = model.info().vocab_size;
+    let mut cache = new_cache(&model);
+    let mut next = finish(
+        &model
+            .forward_last(&tokens(128, vocab, 0), &mut cache)
+            .expect("prefill"),
+    );
+    let block = tokens(VERIFY, vocab, 1);
+    for kind in ["device ids", "host ids", "verifications of 5"] {
+        for _ in 0..4 {
+            next = finish(&model.forward_last(&[next], &mut cache).expect("warm"));
+        }
+        specdec::nn::kernel_trace(dev).expect("trace reset");
+        let mut ids = model
+            .forward_argmax(StepIds::Host(&[next]), &mut cache, true)
+            .expect("decode");
+        for i in 1..n {
+            ids = match kind {
+                "device ids" => model.forward_argmax(StepIds::Device(&ids), &mut cache, true),
+                "host ids" => {
+                    model.forward_argmax(StepIds::Host(&[(i % vocab) as u32]), &mut cache, true)
+                }
+                _ => {
+                    let mut spec = cache.speculate().expect("speculate");
+                    model.forward_argmax(StepIds::Host(&block), spec.cache(), false)
+                }
+            }
+            .expect("decode");
+        }
+        next = ids.to_vec().expect("read back")[0];
+        let recs = specdec::nn::kernel_trace(dev).expect("trace read");
+        // Per launch: grid, blocks, first entry, first release, last release. A graph's
+        // replays reuse its kernels' grid ids, so a grid's blocks split into launches where
+        // their releases lie more than 150 us apart (no kernel here takes that long; a step
+        // does).
+        let mut recs = recs;
+        recs.sort_by_key(|r| (r.grid, r.release_ns));
+        let mut launches: Vec<(u64, usize, u64, u64, u64)> = Vec::new();
+        for r in &recs {
+            match launches.last_mut() {
+                Some(l) if l.0 == r.grid && r.release_ns < l.4 + 150_000 => {
+                    l.1 += 1;
+                    l.2 = l.2.min(r.entry_ns);
+                    l.4 = l.4.max(r.release_ns);
+                }
+                _ => launches.push((r.grid, 1, r.entry_ns, r.release_ns, r.release_ns)),
+            }
+        }
+        launches.sort_by_key(|l| l.3);
+        let per_step = launches.len() / n.max(1);
+        println!(
+            "\n{} ({kind}): {} blocks, {} launches of ours, {per_step} a step",
+            dir.display(),
+            recs.len(),
+            launches.len()
+        );
+        let t0 = launches.first().map_or(0, |l| l.3);
+        let us = |a: u64, b: u64| (a as f64 - b as f64) / 1e3;
+        println!("| # | blocks | entry us | release us | last release us | to next release us |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        let mut mean = vec![0.0; per_step.max(1)];
+        for (i, l) in launches.iter().enumerate() {
+            let gap = launches.get(i + 1).map_or(0.0, |m| us(m.3, l.3));
+            if i + 2 * per_step >= launches.len() {
+                println!(
+                    "| {i} | {} | {:.2} | {:.2} | {:.2} | {gap:.2} |",
+                    l.1,
+                    us(l.2, t0),
+                    us(l.3, t0),
+                    us(l.4, t0)
+                );
+            }
+            if per_step > 0 && i / per_step + 1 < n {
+                mean[i % per_step] += gap / (n - 1) as f64;
+            }
+        }
+        println!(
+            "mean time to the next release by position in the step (us): {}",
+            mean.iter()
+                .map(|m| format!("{m:.2}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        println!("mean step: {:.1} us", mean.iter().sum::<f64>());
     }
 }

@@ -255,6 +255,78 @@ void step(const Cfg &c, Model &m) {
   if (c.pf == PF_SIDE) { CK(cudaEventRecord(ev_join, st2)); CK(cudaStreamWaitEvent(st, ev_join, 0)); }
 }
 
+// The model's decode step as `Transformer` runs it on CUDA today (the "model" and "trace"
+// modes): per layer the q/k/v GEMV with the pre-norm folded, the split attention with RoPE
+// and the K/V store fused (eight warps a block, its prologue prefetching the first
+// `pf_mb` MB of gate/up into the L2), the output GEMV with the residual add folded, the
+// gate/up GEMV with the norm and SiLU folded, the down GEMV with the add folded. The cache
+// holds `ctx` keys before the step (its buffer `cap`), the step adds one.
+void step_model(Model &m, double pf_mb) {
+  const Shape &s = m.s;
+  const int qkv_out = (s.heads + 2 * s.kv) * s.d, att = s.heads * s.d;
+  Cfg c; c.fold = true;
+  for (int l = 0; l < s.layers; ++l) {
+    Layer &L = m.L[l];
+    gemv(c, m, m.x, L.wqkv, m.qkv, s.hidden, qkv_out, false, NORMM, L.wn1);
+    const int splits = (s.cap + 255) / 256;
+    dim3 ag(s.heads / s.kv, s.kv, std::min(splits, 64));
+    auto k = s.d == 64 ? attn_split_bf16_d64_h1_w8_rope : attn_split_bf16_d128_h1_w8_rope;
+    const long half = std::min((long)(pf_mb * 0.5e6) & ~15L, (long)s.inter * s.hidden * 2);
+    launch(k, ag, 256, (const bf *)m.qkv, (const bf *)L.kc, (const bf *)L.vc, m.part, m.att, (const unsigned *)m.len, (unsigned)(s.ctx + 1),
+           1, s.heads, s.heads / s.kv, (long)s.d, (long)qkv_out, (long)s.cap * s.d, 256, splits, 0, 0.f,
+           (const bf *)(m.qkv + att), (long)qkv_out, (const bf *)(m.qkv + att + s.kv * s.d), (long)qkv_out, (const bf *)m.cos, (const bf *)m.sin,
+           L.kc, L.vc, (const char *)L.wgu, half, (const char *)(L.wgu + (long)s.inter * s.hidden), half);
+    gemv(c, m, m.att, L.wo, m.o, att, s.hidden, false, RESID, m.x);
+    gemv(c, m, m.o, L.wgu, m.h, s.hidden, s.inter, true, NORMM, L.wn2);
+    gemv(c, m, m.h, L.wdown, m.x, s.inter, s.hidden, false, RESID, m.o);
+  }
+}
+
+double time_model(Model &m, double pf_mb, int reps) {
+  cudaGraph_t g; cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  step_model(m, pf_mb);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, st));
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a, st));
+  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, st));
+  CK(cudaEventRecord(b, st)); CK(cudaEventSynchronize(b));
+  float ms; CK(cudaEventElapsedTime(&ms, a, b));
+#ifdef SPECDEC_KERNEL_TRACE
+  if (reps == 0) {
+    // One traced replay: per launch (grid id), blocks, first entry, first and last release.
+    unsigned zero = 0; CK(cudaMemcpyToSymbol(lab_count, &zero, 4));
+    CK(cudaGraphLaunch(ge, st)); CK(cudaStreamSynchronize(st));
+    unsigned n; CK(cudaMemcpyFromSymbol(&n, lab_count, 4)); n = std::min(n, LAB_RECS);
+    std::vector<LabRec> r(n); CK(cudaMemcpyFromSymbol(r.data(), lab_recs, n * sizeof(LabRec)));
+    struct K { unsigned long long grid, e0, e1, r0, r1; int n; };
+    std::vector<K> ks;
+    for (auto &x : r) {
+      K *f = nullptr; for (auto &k : ks) if (k.grid == x.grid) { f = &k; break; }
+      if (!f) { ks.push_back({x.grid, x.entry, x.entry, x.release, x.release, 0}); f = &ks.back(); }
+      f->e0 = std::min(f->e0, x.entry); f->e1 = std::max(f->e1, x.entry); f->r0 = std::min(f->r0, x.release); f->r1 = std::max(f->r1, x.release); f->n++;
+    }
+    std::sort(ks.begin(), ks.end(), [](const K &a, const K &b) { return a.r0 < b.r0; });
+    const char *names[5] = {"qkv", "attn", "o", "gate/up", "down"};
+    double seg[5] = {}, wait[5] = {}, late[5] = {};
+    const unsigned long long t0 = ks.empty() ? 0 : ks[0].r0;
+    printf("traced %u blocks, %zu launches; first layers (us from the first release):\n| # | kernel | blocks | first entry | first release | last release | to next release |\n|---|---|---:|---:|---:|---:|---:|\n", n, ks.size());
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const double nx = i + 1 < ks.size() ? (ks[i + 1].r0 - ks[i].r0) / 1e3 : 0;
+      if (i < 10) printf("| %zu | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", i, names[i % 5], ks[i].n, ((long long)ks[i].e0 - (long long)t0) / 1e3, (ks[i].r0 - t0) / 1e3, (ks[i].r1 - t0) / 1e3, nx);
+      seg[i % 5] += nx; wait[i % 5] += ((long long)ks[i].r0 - (long long)ks[i].e0) / 1e3; late[i % 5] += (ks[i].r1 - ks[i].r0) / 1e3;
+    }
+    printf("per kernel kind, summed over layers (us): release to next release / first entry to release / first to last release\n");
+    for (int k = 0; k < 5; ++k) printf("  %-8s %8.1f %8.1f %8.1f\n", names[k], seg[k], wait[k], late[k]);
+    printf("  first release to last release of the step: %.1f us\n", ks.empty() ? 0 : (ks.back().r0 - t0) / 1e3);
+  }
+#endif
+  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+  return reps ? ms / reps : 0;
+}
+
 // Counts of the graph's nodes by type and edges by (type, from port), once per config.
 void graph_census(cudaGraph_t g, const char *name) {
   size_t n = 0; CK(cudaGraphGetNodes(g, nullptr, &n));
@@ -328,6 +400,26 @@ int main(int argc, char **argv) {
   pdl_check();
   double bw = argc > 1 ? atof(argv[1]) : 4.1e12;
   Shape shapes[2] = {{"draft-1b", 16, 2048, 32, 8, 64, 8192, 128, 4096}, {"target-8b", 32, 4096, 32, 8, 128, 14336, 128, 4096}};
+  if (argc > 2 && !strcmp(argv[2], "model")) {
+    // The model's step (cache buffer of 256 keys, 128 before the step), 8 MB prefetch,
+    // three interleaved passes; then (a SPECDEC_KERNEL_TRACE build) one traced replay.
+    for (auto s : shapes) {
+      s.cap = 256;
+      Model m = make(s); CK(cudaStreamSynchronize(st));
+      printf("\n== %s model step (bound at %.0f GB/s: %.3f ms)\n", s.name, bw / 1e9, bytes(m, ALL) / bw * 1e3);
+      // Rows: the L2 prefetch's MB, interleaved over three passes.
+      const double pfs[] = {8, 0, 12, 16};
+      for (int pass = 0; pass < 3; ++pass)
+        for (double pf : pfs) {
+          double t[3]; for (int i = 0; i < 3; ++i) t[i] = time_model(m, pf, 200);
+          std::sort(t, t + 3);
+          printf("pass %d, pf %2.0f MB: %.4f %.4f %.4f ms/step, GEMV bytes at %.0f GB/s\n", pass, pf, t[0], t[1], t[2], bytes(m, ALL) / (t[1] * 1e-3) / 1e9);
+        }
+      time_model(m, 8, 0);
+      for (auto &L : m.L) { cudaFree(L.wn1); cudaFree(L.wn2); cudaFree(L.wqkv); cudaFree(L.wo); cudaFree(L.wgu); cudaFree(L.wdown); cudaFree(L.kc); cudaFree(L.vc); }
+    }
+    return 0;
+  }
   for (auto &s : shapes) {
     if (argc > 2 && !strcmp(argv[2], "one") && strcmp(s.name, "draft-1b")) continue;
     Model m = make(s); CK(cudaStreamSynchronize(st));

@@ -4,7 +4,8 @@
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
 //! new recordings), with a verification block of 5 tokens every 50 steps and a speculation
 //! that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
-//! read back and uploaded), with graphs on (every seventh decode step on the ordinary path
+//! read back and uploaded; the chain's and a verification block's argmaxes taken inside the
+//! step by `forward_argmax` equal to those of their logits), with graphs on (every seventh decode step on the ordinary path
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
 //! shipped draft (full attention: what a graph step covers) and the shipped target (sliding
 //! layers: always the ordinary path, which switching must not disturb). On the CPU both
@@ -14,7 +15,7 @@
 //! Its own test binary with one test: recording captures the device's whole stream, so no
 //! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
 use candle_core::Tensor;
-use specdec::nn::DeviceTokens;
+use specdec::nn::{DeviceTokens, StepIds};
 
 #[path = "common/decode.rs"]
 mod decode;
@@ -97,6 +98,36 @@ fn graph_steps_equal_ordinary_steps() {
                     "{name} (graphs {graphs}): chain step {i} fed on the device differs"
                 );
             }
+            // The same chain through `forward_argmax` (a replayed graph ends in the argmax; no
+            // logits leave it): each step's ids are the argmaxes of the fed chain's logits.
+            // Then a verification block's argmaxes, every row's, against its logits'.
+            let mut spec = c.speculate().unwrap();
+            let mut next = DeviceTokens::argmax(&logits).unwrap();
+            for (i, l) in fed.iter().enumerate() {
+                next = model
+                    .forward_argmax(StepIds::Device(&next), spec.cache(), true)
+                    .unwrap();
+                assert_eq!(
+                    next.to_vec().unwrap(),
+                    argmax_rows(l),
+                    "{name} (graphs {graphs}): chain step {i}'s argmax differs from its logits'"
+                );
+            }
+            drop(spec);
+            let block = tokens(5, vocab, 9);
+            let mut spec = c.speculate().unwrap();
+            let ids = model
+                .forward_argmax(StepIds::Host(&block), spec.cache(), false)
+                .unwrap();
+            drop(spec);
+            let mut spec = c.speculate().unwrap();
+            let block_logits = model.forward(&block, spec.cache()).unwrap();
+            drop(spec);
+            assert_eq!(
+                ids.to_vec().unwrap(),
+                argmax_rows(&block_logits),
+                "{name} (graphs {graphs}): a verification block's argmaxes differ from its logits'"
+            );
             rows.extend(fed);
             (greedy, rows)
         };

@@ -9,7 +9,7 @@ use super::config::{DeviceChoice, DtypeChoice};
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
 use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
-use crate::nn::DeviceTokens;
+use crate::nn::{DeviceTokens, StepIds};
 use crate::speculative::LanguageModel;
 
 /// The device `choice` names; an explicit GPU that is not available is an error, `auto`
@@ -106,6 +106,20 @@ impl LanguageModel for LoadedModel {
 
     fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         self.shared_width(self.model.forward_device(ids, cache)?)
+    }
+
+    // The model's own argmax only where no width is cut: over a shared vocabulary the argmax
+    // must range over the kept columns alone.
+    fn forward_argmax(
+        &self,
+        ids: StepIds<'_>,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<DeviceTokens> {
+        if self.vocab.is_some() {
+            return crate::speculative::argmax_of_logits(self, ids, cache, last);
+        }
+        self.model.forward_argmax(ids, cache, last)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

@@ -20,7 +20,7 @@ pub use config::HfConfig;
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
-use crate::nn::{Decoder, DecoderSpec, DeviceTokens, LayerKind, Weights};
+use crate::nn::{Decoder, DecoderSpec, DeviceTokens, LayerKind, StepIds, Weights};
 
 /// `model_type` values [`Model::load`] accepts.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
@@ -205,6 +205,20 @@ impl Model {
         }
     }
 
+    /// The greedy tokens of a forward (see `LanguageModel::forward_argmax`), on the device.
+    pub fn forward_argmax(
+        &self,
+        ids: StepIds<'_>,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<DeviceTokens> {
+        if self.device.is_cpu() {
+            crate::nn::on_cpu_pool(|| self.decoder.forward_argmax(ids, cache, last))
+        } else {
+            self.decoder.forward_argmax(ids, cache, last)
+        }
+    }
+
     /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
     /// `RotatingKvCache::new(window, strategy)` per sliding one.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
@@ -247,6 +261,15 @@ impl crate::speculative::LanguageModel for Model {
 
     fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         Model::forward_device(self, ids, cache)
+    }
+
+    fn forward_argmax(
+        &self,
+        ids: StepIds<'_>,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<DeviceTokens> {
+        Model::forward_argmax(self, ids, cache, last)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {

@@ -176,8 +176,11 @@ impl Graphs {
     /// autoregressive reference, τ at α = 0.8, γ = 4 falling from 3.20 to 1.36, while
     /// `decode_graphs`, which allows bf16 roundings, passed. The ordinary path's bf16
     /// arithmetic is not the recorded step's bit for bit, and random-weight models' logits
-    /// are full of near-ties.) `None` when graphs are off for this model (a recording failed
-    /// once; the error is printed); the caller then takes its ordinary path.
+    /// are full of near-ties.) With `greedy`, the recording ends in each row's argmax of the
+    /// logits `step` returns, written into the recording's `[t]` u32 output buffer, and the
+    /// result is those ids: no logits are cast, copied or read outside the graph. `None` when
+    /// graphs are off for this model (a recording failed once; the error is printed); the
+    /// caller then takes its ordinary path.
     pub fn run(
         &self,
         dev: &CudaDevice,
@@ -185,6 +188,7 @@ impl Graphs {
         key: Vec<u64>,
         ids: StepIds,
         len: u32,
+        greedy: bool,
         step: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         let mut inner = self.inner.lock().map_err(|_| poisoned())?;
@@ -220,11 +224,22 @@ impl Graphs {
         // from device memory that outlives it.
         let _params = dev.enable_cuda_graph_htod_cache();
         let eager = step(&ids, &len_t)?;
-        let out = eager.zeros_like()?;
+        let (eager, out) = if greedy {
+            let best = super::fused::argmax_on_device(&eager)?;
+            let out = best.zeros_like()?;
+            (best, out)
+        } else {
+            let out = eager.zeros_like()?;
+            (eager, out)
+        };
         match record(dev, || {
             let logits = step(&ids, &len_t)?;
-            out.slice_set(&logits, 0, 0)?;
-            Ok(())
+            if greedy {
+                super::fused::argmax_into(&logits, &out)
+            } else {
+                out.slice_set(&logits, 0, 0)?;
+                Ok(())
+            }
         }) {
             Ok(graph) => {
                 if let Some(census) = graph.census.filter(|_| census_printed()) {

@@ -341,13 +341,19 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
 /// [`argmax_rows`] left on logits' device: `[rows]` u32.
 pub(crate) fn argmax_on_device(logits: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype() == candle_core::DType::F32
-    {
+    if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype().is_float() {
         return Ok(logits
             .contiguous()?
             .apply_op1_no_bwd(&super::cuda::ArgmaxRows)?);
     }
     Ok(logits.argmax(candle_core::D::Minus1)?)
+}
+
+/// [`argmax_on_device`] of the CUDA `logits: [rows, n]` (any float dtype) written into the
+/// u32 `ids: [rows]` in place (a recorded graph's output buffer).
+#[cfg(feature = "cuda")]
+pub(crate) fn argmax_into(logits: &Tensor, ids: &Tensor) -> Result<()> {
+    Ok(ids.inplace_op2(&logits.contiguous()?, &super::cuda::ArgmaxInto)?)
 }
 
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with

@@ -27,6 +27,8 @@ pub use attention::{
     causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
 };
 pub use clock::QueueMark;
+#[cfg(feature = "cuda")]
+pub use cuda::{kernel_trace, TraceRecord};
 pub use fused::{
     argmax_rows, count_graph_censuses, folded_gemv, graph_pdl, graphs_enabled, open_cuda,
     set_cuda_graphs, Folded, GraphCensus,
@@ -36,6 +38,6 @@ pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use skinny::skinny_matmul;
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
-pub use tokens::DeviceTokens;
+pub use tokens::{DeviceTokens, StepIds};
 pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout, GRAPH_MAX_ROWS};
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

@@ -27,6 +27,13 @@ impl DeviceTokens {
         })
     }
 
+    /// The argmax ids `ids: [n]` u32 of logits `bound` wide (made by the argmax kernel
+    /// inside a recorded graph).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_argmax(ids: Tensor, bound: usize) -> Self {
+        Self { ids, bound }
+    }
+
     /// Host ids copied to `device`, each checked below `bound` (the vocabulary they index).
     pub fn from_host(ids: &[u32], bound: usize, device: &candle_core::Device) -> Result<Self> {
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= bound) {
@@ -81,13 +88,19 @@ impl DeviceTokens {
 
 /// A step's input ids: from the host, or left on the device by the step before.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum StepIds<'a> {
+pub enum StepIds<'a> {
     Host(&'a [u32]),
     Device(&'a DeviceTokens),
 }
 
 impl StepIds<'_> {
-    pub(crate) fn len(&self) -> usize {
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many ids.
+    pub fn len(&self) -> usize {
         match self {
             StepIds::Host(t) => t.len(),
             StepIds::Device(d) => d.len(),

@@ -505,6 +505,31 @@ impl Decoder {
         self.forward_rows(StepIds::Device(ids), cache, false)
     }
 
+    /// The greedy tokens of a forward over `ids`: the argmax of each position's logits (of
+    /// the last position only when `last`), on the model's device; the cache grows as for
+    /// [`Self::forward`]. Equal to [`DeviceTokens::argmax`] of that forward's logits; a
+    /// replayed CUDA graph takes the argmax inside the graph, so no logits are cast, copied
+    /// or reduced outside it.
+    pub fn forward_argmax(
+        &self,
+        ids: StepIds,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<DeviceTokens> {
+        #[cfg(feature = "cuda")]
+        {
+            self.check_input(ids, cache)?;
+            let offset = cache.offset();
+            let best = self
+                .forward_graphed(ids, cache, last, true)
+                .inspect_err(|_| cache.recover_failed_forward(offset))?;
+            if let Some(best) = best {
+                return Ok(DeviceTokens::from_argmax(best, self.vocab_size));
+            }
+        }
+        DeviceTokens::argmax(&self.forward_rows(ids, cache, last)?)
+    }
+
     fn forward_rows(&self, ids: StepIds, cache: &mut ModelCache, last: bool) -> Result<Tensor> {
         self.check_input(ids, cache)?;
         let offset = cache.offset();
@@ -521,7 +546,7 @@ impl Decoder {
         last: bool,
     ) -> Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if let Some(logits) = self.forward_graphed(tokens, cache, last)? {
+        if let Some(logits) = self.forward_graphed(tokens, cache, last, false)? {
             return Ok(logits);
         }
         let offset = cache.offset();
@@ -536,12 +561,13 @@ impl Decoder {
         for (i, block) in self.blocks.iter().enumerate() {
             input = block.forward(input, offset, cache.layer_mut(i)?)?;
         }
-        self.head(input, last)
+        self.head(input, last, true)
     }
 
     /// Last residual add, final norm, LM head (of the last row only when `last`), softcap:
-    /// `[t, hidden]` -> f32 logits `[t or 1, vocab]`.
-    fn head(&self, input: Input, last: bool) -> Result<Tensor> {
+    /// `[t, hidden]` -> logits `[t or 1, vocab]`, f32 unless `!f32` (then in the model's
+    /// dtype: an argmax needs no cast, which is exact).
+    fn head(&self, input: Input, last: bool, f32: bool) -> Result<Tensor> {
         let rows = |x: &Tensor| -> Result<Tensor> {
             let t = x.dim(0)?;
             Ok(if last {
@@ -562,7 +588,11 @@ impl Decoder {
         if let Some(cap) = self.final_softcap {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
-        let logits = logits.to_dtype(DType::F32)?;
+        let logits = if f32 {
+            logits.to_dtype(DType::F32)?
+        } else {
+            logits
+        };
         profile::mark("final norm, LM head", &logits)?;
         Ok(logits)
     }
@@ -578,6 +608,7 @@ impl Decoder {
         tokens: StepIds,
         cache: &mut ModelCache,
         last: bool,
+        greedy: bool,
     ) -> Result<Option<Tensor>> {
         let candle_core::Device::Cuda(dev) = self.embed.device() else {
             return Ok(None);
@@ -602,21 +633,23 @@ impl Decoder {
         }
         let len = (cache.offset() + tokens.len()) as u32;
         // One recording per block length and output kind.
-        let slot = 2 * t + usize::from(last && t > 1);
-        let logits = self.graphs.run(dev, slot, key, tokens, len, |ids, len| {
-            let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
-            if let Some(scale) = self.embed_scale {
-                x = (x * scale)?;
-            }
-            let mut input = Input::Embedded(x);
-            for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                let gate_up = block.mlp.gate_up_weight();
-                input = block.forward_with(input, |attn, input| {
-                    attn.forward_in_place(input, k, v, len, Some(gate_up))
-                })?;
-            }
-            self.head(input, last && t > 1)
-        })?;
+        let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
+        let logits = self
+            .graphs
+            .run(dev, slot, key, tokens, len, greedy, |ids, len| {
+                let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
+                if let Some(scale) = self.embed_scale {
+                    x = (x * scale)?;
+                }
+                let mut input = Input::Embedded(x);
+                for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
+                    let gate_up = block.mlp.gate_up_weight();
+                    input = block.forward_with(input, |attn, input| {
+                        attn.forward_in_place(input, k, v, len, Some(gate_up))
+                    })?;
+                }
+                self.head(input, last && t > 1, !greedy)
+            })?;
         if logits.is_some() {
             cache.advance(tokens.len());
         }
@@ -626,7 +659,7 @@ impl Decoder {
     /// Refuses empty input, out-of-vocabulary ids (device ids by their bound, unread) and
     /// caches built for another layout.
     fn check_input(&self, ids: StepIds, cache: &ModelCache) -> Result<()> {
-        if ids.len() == 0 {
+        if ids.is_empty() {
             return Err(Error::invalid("forward of an empty token sequence"));
         }
         match ids {

@@ -12,7 +12,7 @@ use super::verify::{greedy_verdict, Lossless, Verifier};
 use super::LanguageModel;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
-use crate::nn::{DeviceTokens, QueueMark};
+use crate::nn::{DeviceTokens, QueueMark, StepIds};
 
 /// How many tokens to draft per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,8 +197,15 @@ pub fn autoregressive_continue<M: LanguageModel>(
     let (mut out, mut token) = prefill(target, seq, prompt, params, rng)?;
     while !out.push(token) {
         let t = Instant::now();
-        let logits = target.forward_last(&[token], seq.cache_mut())?;
-        token = next_token(&logits, &params.sampling, rng)?;
+        token = if params.sampling.is_greedy() {
+            // The argmax on the device (inside a replayed graph), the id read back.
+            target
+                .forward_argmax(StepIds::Host(&[token]), seq.cache_mut(), true)?
+                .to_vec()?[0]
+        } else {
+            let logits = target.forward_last(&[token], seq.cache_mut())?;
+            next_token(&logits, &params.sampling, rng)?
+        };
         out.record.target_forwards += 1;
         out.record.verify_s += t.elapsed().as_secs_f64();
     }
@@ -344,8 +351,7 @@ fn verify_queued<M: LanguageModel>(
             check(block.len())?;
             let device = block.ids().device();
             let drafted = QueueMark::record(device)?;
-            let logits = target.forward_device(block, spec.cache())?;
-            let best = DeviceTokens::argmax(&logits)?;
+            let best = target.forward_argmax(StepIds::Device(block), spec.cache(), false)?;
             let both = DeviceTokens::cat(&[block.clone(), best])?;
             let verified = QueueMark::record(device)?;
             let mut both = both.to_vec()?;
@@ -356,8 +362,7 @@ fn verify_queued<M: LanguageModel>(
         VerifyBlock::Host { ids, device } => {
             check(ids.len())?;
             let drafted = QueueMark::record(device)?;
-            let logits = target.forward(ids, spec.cache())?;
-            let best = DeviceTokens::argmax(&logits)?;
+            let best = target.forward_argmax(StepIds::Host(ids), spec.cache(), false)?;
             let verified = QueueMark::record(device)?;
             ((drafted, verified), ids[1..].to_vec(), best.to_vec()?)
         }

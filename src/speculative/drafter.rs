@@ -10,7 +10,7 @@ use super::tree::{ChainTree, TreeDraft, TreeShape};
 use super::LanguageModel;
 use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
-use crate::nn::DeviceTokens;
+use crate::nn::{DeviceTokens, StepIds};
 
 /// A proposal of draft tokens. It may hold tentative drafter state (a draft model's cache
 /// transaction), so it borrows the drafter until [`Draft::finish`] consumes it.
@@ -235,11 +235,13 @@ impl<M: LanguageModel> ModelDrafter<M> {
         let mut spec = cache.speculate()?;
         // Every draft but the last is fed (the last one's K/V come with the next context).
         while parts.len() < head + max {
-            let logits = self
-                .model
-                .forward_last_device(&parts[parts.len() - 1], spec.cache())?;
+            let next = self.model.forward_argmax(
+                StepIds::Device(&parts[parts.len() - 1]),
+                spec.cache(),
+                true,
+            )?;
             self.forwards += 1;
-            parts.push(DeviceTokens::argmax(&logits)?);
+            parts.push(next);
         }
         Ok(GreedyDraft {
             spec,

@@ -42,7 +42,7 @@ pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::Result;
-use crate::nn::DeviceTokens;
+use crate::nn::{DeviceTokens, StepIds};
 
 /// What the engine needs of a model: weights behind `&self`, per-sequence state in the cache.
 pub trait LanguageModel {
@@ -67,10 +67,40 @@ pub trait LanguageModel {
     fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
         self.forward(&ids.to_vec()?, cache)
     }
+    /// The greedy tokens of a forward over `ids` (host or device): the argmax of every
+    /// position's logits, or of the last position's only when `last`, left on the device,
+    /// the cache growing as for [`Self::forward`]. Always [`DeviceTokens::argmax`] of the
+    /// matching forward's logits (which the default computes); a model may skip making the
+    /// logits (a replayed CUDA graph ends in the argmax).
+    fn forward_argmax(
+        &self,
+        ids: StepIds<'_>,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<DeviceTokens> {
+        argmax_of_logits(self, ids, cache, last)
+    }
     /// Empty caches for one sequence, rotating layers using `strategy`.
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache>;
     /// Size of the output distribution.
     fn vocab_size(&self) -> usize;
     /// Tokens that end a sequence.
     fn eos_token_ids(&self) -> &[u32];
+}
+
+/// [`LanguageModel::forward_argmax`] the plain way: [`DeviceTokens::argmax`] of the matching
+/// logits forward.
+pub fn argmax_of_logits<M: LanguageModel + ?Sized>(
+    model: &M,
+    ids: StepIds<'_>,
+    cache: &mut ModelCache,
+    last: bool,
+) -> Result<DeviceTokens> {
+    let logits = match (ids, last) {
+        (StepIds::Host(t), true) => model.forward_last(t, cache)?,
+        (StepIds::Host(t), false) => model.forward(t, cache)?,
+        (StepIds::Device(d), true) => model.forward_last_device(d, cache)?,
+        (StepIds::Device(d), false) => model.forward_device(d, cache)?,
+    };
+    DeviceTokens::argmax(&logits)
 }

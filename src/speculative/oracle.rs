@@ -20,7 +20,7 @@ use super::sampling::SamplingParams;
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
 use crate::error::{Error, Result};
-use crate::nn::DeviceTokens;
+use crate::nn::{DeviceTokens, StepIds};
 
 /// Greedy continuations by prompt, shared by every oracle over the same target so each
 /// prompt's reference pass runs once per run.
@@ -380,11 +380,12 @@ fn cost_forwards<'c, M: LanguageModel>(
     if cache.offset() >= context.len() {
         cache.reset();
     }
-    let mut last = DeviceTokens::argmax(&model.forward_last(&context[cache.offset()..], cache)?)?;
+    let unseen = &context[cache.offset()..];
+    let mut last = model.forward_argmax(StepIds::Host(unseen), cache, true)?;
     *forwards += 1;
     let mut spec = cache.speculate()?;
     for &t in &tokens[..tokens.len() - 1] {
-        last = DeviceTokens::argmax(&model.forward_last(&[t], spec.cache())?)?;
+        last = model.forward_argmax(StepIds::Host(&[t]), spec.cache(), true)?;
         *forwards += 1;
     }
     Ok((spec, last))

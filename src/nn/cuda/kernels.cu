@@ -61,19 +61,57 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // Programmatic dependent launch (sm_90+; `Launch` in mod.rs sets the launch attribute): a
-// kernel may start while the kernel ahead of it on the stream still runs. `pdl_begin` waits
-// until that kernel has finished and its writes are visible, then lets the next kernel begin
-// launching. Every kernel calls it before it reads anything an earlier kernel wrote and
-// before it writes anything (its output may reuse memory the earlier kernel still reads):
-// only weights, which no kernel writes, may be read before it, and (the split attention) a
-// cache's positions before the step's own, which only earlier steps wrote: when a kernel
-// starts, every kernel but the one right ahead of it has finished (that one waited for them
-// before letting this one launch). Every block calls it, also one with nothing to do, so a
-// kernel never finishes before the one ahead. Older GPUs run the kernels one after another
-// and skip it.
+// kernel may start while the kernel ahead of it on the stream still runs. `pdl_begin` first
+// lets the next kernel begin launching, then waits until the kernel ahead has finished and
+// its writes are visible. Every kernel calls it before it reads anything an earlier kernel
+// wrote and before it writes anything (its output may reuse memory an earlier kernel still
+// reads): before it, only weights, which no kernel writes, may be read, and prefetches issued
+// (an L2 prefetch never changes what a load returns). Since a kernel lets the next one launch
+// before its own wait, several kernels' prologues may run ahead of the kernel executing: each
+// waits for the one ahead of it, which finished only after waiting for its own, so every
+// write is still ordered. Every block calls it, also one with nothing to do, so a kernel
+// never finishes before the one ahead. Letting the next kernel launch before the wait rather
+// than after it measured on the H200 (2026-11-26, scripts/gemv_lab.cu `model`): a 1B-shaped
+// decode step 0.678 -> 0.664 ms, an 8B-shaped one 3.83 -> 3.80 ms. (`SPECDEC_LAB_LATE_TRIGGER`
+// restores the old order, for the lab bench only.) Older GPUs run the kernels one after
+// another and skip it.
+#ifdef SPECDEC_KERNEL_TRACE
+// Diagnostics builds only (scripts/gemv_lab.cu, or build.rs with SPECDEC_KERNEL_TRACE=1; read
+// by `nn::kernel_trace`): per block, its launch's grid id, SM, and the globaltimer times it
+// reached `pdl_begin` and passed its wait.
+struct LabRec {
+  unsigned long long grid, entry, release;
+  unsigned sm, pad;
+};
+constexpr unsigned LAB_RECS = 1u << 20;
+__device__ LabRec lab_recs[LAB_RECS];
+__device__ unsigned lab_count;
+#endif
 __device__ __forceinline__ void pdl_begin() {
 #if __CUDA_ARCH__ >= 900
+#ifdef SPECDEC_KERNEL_TRACE
+  unsigned long long t0 = 0, gid = 0;
+  unsigned slot = 0;
+  if (threadIdx.x == 0) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+    slot = atomicAdd(&lab_count, 1u);
+  }
+#endif
+#ifdef SPECDEC_LAB_LATE_TRIGGER
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#else
+  asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef SPECDEC_KERNEL_TRACE
+  if (threadIdx.x == 0 && slot < LAB_RECS) {
+    unsigned long long t1;
+    unsigned sm;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    lab_recs[slot] = LabRec{gid, t0, t1, sm, 0u};
+  }
+#endif
 #endif
 }
 
@@ -1307,16 +1345,17 @@ ADD_RMSNORM(add_rmsnorm_f32, float)
 ADD_RMSNORM(add_rmsnorm_bf16, __nv_bfloat16)
 ADD_RMSNORM(add_rmsnorm_f16, __half)
 
-// Argmax of each row of a contiguous f32 [rows, n]: one block per row; the first index of
-// the largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32.
-extern "C" __global__ void argmax_rows_f32(const float *__restrict__ x, uint32_t *__restrict__ out,
-                                           int n) {
+// Argmax of each row of a contiguous [rows, n]: one block per row; the first index of the
+// largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32. Half
+// precision rows compare as their exact f32 values, so a bf16 row's argmax is its f32 cast's.
+template <typename T>
+__device__ void argmax_rows(const T *__restrict__ x, uint32_t *__restrict__ out, int n) {
   pdl_begin();
-  const float *r = x + (long)blockIdx.x * n;
+  const T *r = x + (long)blockIdx.x * n;
   float best = -INFINITY;
   int idx = n;  // past the end: "none yet"
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = r[j];
+    const float v = to_f32(r[j]);
     if (v > best || (idx == n && v == best)) {
       best = v;
       idx = j;
@@ -1349,3 +1388,8 @@ extern "C" __global__ void argmax_rows_f32(const float *__restrict__ x, uint32_t
     out[blockIdx.x] = idx < n ? (uint32_t)idx : 0u;
   }
 }
+#define ARGMAX_ROWS(NAME, T)                                                                   \
+  extern "C" __global__ void NAME(const T *x, uint32_t *out, int n) { argmax_rows<T>(x, out, n); }
+ARGMAX_ROWS(argmax_rows_f32, float)
+ARGMAX_ROWS(argmax_rows_bf16, __nv_bfloat16)
+ARGMAX_ROWS(argmax_rows_f16, __half)

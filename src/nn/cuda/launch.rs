@@ -179,3 +179,48 @@ impl Scalar for f32 {
         u64::from(self.to_bits())
     }
 }
+
+/// One block's record in a diagnostics build (`SPECDEC_KERNEL_TRACE=1` at build time): its
+/// launch's grid id (shared by the launch's blocks), the globaltimer ns at which it reached
+/// `pdl_begin` and passed its wait, and its SM. kernels.cu's `LabRec`.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceRecord {
+    pub grid: u64,
+    pub entry_ns: u64,
+    pub release_ns: u64,
+    pub sm: u32,
+}
+
+/// The blocks recorded since the last reset (at most kernels.cu's `LAB_RECS`), then the
+/// records reset; an error for a build without the trace (the symbols are absent). Waits for
+/// the device.
+pub fn kernel_trace(dev: &CudaDevice) -> candle_core::Result<Vec<TraceRecord>> {
+    let m = module(dev)?;
+    let stream = dev.cuda_stream();
+    let missing = |e| {
+        candle_core::Error::Msg(format!(
+            "kernel trace: {e}; build with SPECDEC_KERNEL_TRACE=1 (scripts/build-cuda.sh)"
+        ))
+    };
+    let mut count = m.get_global("lab_count", &stream).map_err(missing)?;
+    let mut n = [0u8; 4];
+    stream.memcpy_dtoh(&count, &mut n).w()?;
+    stream.memcpy_htod(&[0u8; 4], &mut count).w()?;
+    let recs = m.get_global("lab_recs", &stream).map_err(missing)?;
+    const REC: usize = 32;
+    let n = (u32::from_le_bytes(n) as usize).min(recs.len() / REC);
+    let mut bytes = vec![0u8; n * REC];
+    stream.memcpy_dtoh(&recs.slice(..n * REC), &mut bytes).w()?;
+    stream.synchronize().w()?;
+    let word =
+        |r: &[u8], i: usize| u64::from_le_bytes(r[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+    Ok(bytes
+        .chunks_exact(REC)
+        .map(|r| TraceRecord {
+            grid: word(r, 0),
+            entry_ns: word(r, 1),
+            release_ns: word(r, 2),
+            sm: word(r, 3) as u32,
+        })
+        .collect())
+}

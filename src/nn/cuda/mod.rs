@@ -115,6 +115,7 @@ pub use attention::{
 };
 pub use dense::{
     add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
-    ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
+    ArgmaxInto, ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
 };
 pub(crate) use launch::pdl;
+pub use launch::{kernel_trace, TraceRecord};
