@@ -39,98 +39,100 @@ fn graph_steps_equal_ordinary_steps() {
         // the greedy continuation of the first run — so the runs compare the same histories
         // even where low-precision rounding would flip a near-tie.
         let forced = tokens(300, vocab, 5);
-        let run = |graphs: bool| -> (Vec<u32>, Vec<Tensor>) {
-            specdec::nn::set_cuda_graphs(graphs);
-            let mut c = cache(&model);
-            let mut logits = model.forward_last(&prompt, &mut c).unwrap();
-            let (mut greedy, mut rows) = (Vec::new(), Vec::new());
-            for (step, &next) in forced.iter().enumerate() {
-                greedy.push(argmax_rows(&logits)[0]);
-                // Every seventh step of the graph run takes the ordinary path (as a prefill or
-                // a tree does between replays): the caches the two paths write must agree.
-                specdec::nn::set_cuda_graphs(graphs && step % 7 != 3);
-                logits = model.forward_last(&[next], &mut c).unwrap();
+        let run =
+            |graphs: bool| -> (Vec<u32>, Vec<Tensor>) {
                 specdec::nn::set_cuda_graphs(graphs);
-                if step % 50 == 0 {
-                    rows.push(logits.clone());
-                    // A verification block of 5 (its own recording), every row's logits,
-                    // rolled back.
-                    let mut spec = c.speculate().unwrap();
-                    let block = tokens(5, vocab, step);
-                    rows.push(model.forward(&block, spec.cache()).unwrap());
+                let mut c = cache(&model);
+                let mut logits = model.forward_last(&prompt, &mut c).unwrap();
+                let (mut greedy, mut rows) = (Vec::new(), Vec::new());
+                for (step, &next) in forced.iter().enumerate() {
+                    greedy.push(argmax_rows(&logits)[0]);
+                    // Every seventh step of the graph run takes the ordinary path (as a prefill or
+                    // a tree does between replays): the caches the two paths write must agree.
+                    specdec::nn::set_cuda_graphs(graphs && step % 7 != 3);
+                    logits = model.forward_last(&[next], &mut c).unwrap();
+                    specdec::nn::set_cuda_graphs(graphs);
+                    if step % 50 == 0 {
+                        rows.push(logits.clone());
+                        // A verification block of 5 (its own recording), every row's logits,
+                        // rolled back.
+                        let mut spec = c.speculate().unwrap();
+                        let block = tokens(5, vocab, step);
+                        rows.push(model.forward(&block, spec.cache()).unwrap());
+                    }
+                    // A speculation that rolls back in the middle: the replay must follow the
+                    // cache's length, not its own count of steps.
+                    if step == 120 {
+                        let mut spec = c.speculate().unwrap();
+                        model.forward_last(&[next], spec.cache()).unwrap();
+                        model.forward_last(&[next], spec.cache()).unwrap();
+                    }
                 }
-                // A speculation that rolls back in the middle: the replay must follow the
-                // cache's length, not its own count of steps.
-                if step == 120 {
+                // A greedy chain of 8 steps from here, each fed the argmax of the step before
+                // where it lies on the device (as greedy drafting feeds it), in a speculation
+                // that rolls back; then the same chain with every argmax read back and uploaded:
+                // the same kernels, so bitwise the same logits.
+                let chain = |c: &mut specdec::cache::ModelCache, on_device: bool| -> Vec<Tensor> {
                     let mut spec = c.speculate().unwrap();
-                    model.forward_last(&[next], spec.cache()).unwrap();
-                    model.forward_last(&[next], spec.cache()).unwrap();
+                    let mut last = logits.clone();
+                    let mut out = Vec::new();
+                    for _ in 0..8 {
+                        let next = DeviceTokens::argmax(&last).unwrap();
+                        last = if on_device {
+                            model.forward_last_device(&next, spec.cache()).unwrap()
+                        } else {
+                            model
+                                .forward_last(&next.to_vec().unwrap(), spec.cache())
+                                .unwrap()
+                        };
+                        out.push(last.clone());
+                    }
+                    out
+                };
+                let fed = chain(&mut c, true);
+                let uploaded = chain(&mut c, false);
+                for (i, (a, b)) in fed.iter().zip(&uploaded).enumerate() {
+                    let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+                    assert_eq!(
+                        a.to_vec1::<f32>().unwrap(),
+                        b.to_vec1::<f32>().unwrap(),
+                        "{name} (graphs {graphs}): chain step {i} fed on the device differs"
+                    );
                 }
-            }
-            // A greedy chain of 8 steps from here, each fed the argmax of the step before
-            // where it lies on the device (as greedy drafting feeds it), in a speculation
-            // that rolls back; then the same chain with every argmax read back and uploaded:
-            // the same kernels, so bitwise the same logits.
-            let chain = |c: &mut specdec::cache::ModelCache, on_device: bool| -> Vec<Tensor> {
+                // The same chain through `forward_argmax` (a replayed graph ends in the argmax; no
+                // logits leave it): each step's ids are `DeviceTokens::argmax` of the fed chain's
+                // logits (the first index on ties, which half-precision logits have: candle's
+                // argmax may pick another). Then a verification block's, every row's.
                 let mut spec = c.speculate().unwrap();
-                let mut last = logits.clone();
-                let mut out = Vec::new();
-                for _ in 0..8 {
-                    let next = DeviceTokens::argmax(&last).unwrap();
-                    last = if on_device {
-                        model.forward_last_device(&next, spec.cache()).unwrap()
-                    } else {
-                        model
-                            .forward_last(&next.to_vec().unwrap(), spec.cache())
-                            .unwrap()
-                    };
-                    out.push(last.clone());
-                }
-                out
-            };
-            let fed = chain(&mut c, true);
-            let uploaded = chain(&mut c, false);
-            for (i, (a, b)) in fed.iter().zip(&uploaded).enumerate() {
-                let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
-                assert_eq!(
-                    a.to_vec1::<f32>().unwrap(),
-                    b.to_vec1::<f32>().unwrap(),
-                    "{name} (graphs {graphs}): chain step {i} fed on the device differs"
-                );
-            }
-            // The same chain through `forward_argmax` (a replayed graph ends in the argmax; no
-            // logits leave it): each step's ids are the argmaxes of the fed chain's logits.
-            // Then a verification block's argmaxes, every row's, against its logits'.
-            let mut spec = c.speculate().unwrap();
-            let mut next = DeviceTokens::argmax(&logits).unwrap();
-            for (i, l) in fed.iter().enumerate() {
-                next = model
-                    .forward_argmax(StepIds::Device(&next), spec.cache(), true)
-                    .unwrap();
-                assert_eq!(
+                let mut next = DeviceTokens::argmax(&logits).unwrap();
+                for (i, l) in fed.iter().enumerate() {
+                    next = model
+                        .forward_argmax(StepIds::Device(&next), spec.cache(), true)
+                        .unwrap();
+                    assert_eq!(
                     next.to_vec().unwrap(),
-                    argmax_rows(l),
+                    DeviceTokens::argmax(l).unwrap().to_vec().unwrap(),
                     "{name} (graphs {graphs}): chain step {i}'s argmax differs from its logits'"
                 );
-            }
-            drop(spec);
-            let block = tokens(5, vocab, 9);
-            let mut spec = c.speculate().unwrap();
-            let ids = model
-                .forward_argmax(StepIds::Host(&block), spec.cache(), false)
-                .unwrap();
-            drop(spec);
-            let mut spec = c.speculate().unwrap();
-            let block_logits = model.forward(&block, spec.cache()).unwrap();
-            drop(spec);
-            assert_eq!(
+                }
+                drop(spec);
+                let block = tokens(5, vocab, 9);
+                let mut spec = c.speculate().unwrap();
+                let ids = model
+                    .forward_argmax(StepIds::Host(&block), spec.cache(), false)
+                    .unwrap();
+                drop(spec);
+                let mut spec = c.speculate().unwrap();
+                let block_logits = model.forward(&block, spec.cache()).unwrap();
+                drop(spec);
+                assert_eq!(
                 ids.to_vec().unwrap(),
-                argmax_rows(&block_logits),
+                DeviceTokens::argmax(&block_logits).unwrap().to_vec().unwrap(),
                 "{name} (graphs {graphs}): a verification block's argmaxes differ from its logits'"
             );
-            rows.extend(fed);
-            (greedy, rows)
-        };
+                rows.extend(fed);
+                (greedy, rows)
+            };
         let (with, with_rows) = run(true);
         // On CUDA the draft's steps (full attention) must really have replayed graphs: a
         // recording that failed falls back to the ordinary path, which would pass unseen.

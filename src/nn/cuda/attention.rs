@@ -111,6 +111,17 @@ pub struct AttnRope {
     pub prefetch: Option<Tensor>,
 }
 
+/// Whether the split kernel may load a tile's first value rows with its keys (the `_hv`
+/// kernels; `SPECDEC_ATTN_EARLY_VALUES=0` never, for comparisons in one build). Measured on
+/// an H200 (2026-11-26, `gpu_decode`, interleaved twice): the 1B-shaped chained step 0.671 ->
+/// 0.658 ms at 128 tokens and 0.737 -> 0.708 at 640, unchanged at 2,048 (256 blocks: the
+/// plain kernel); c 0.175 -> 0.171; the oracle benchmark 1.85x -> 1.87x. In every kernel it
+/// had made d = 128 steps 3-14% slower, and grids of several waves slower.
+fn early_values() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECDEC_ATTN_EARLY_VALUES").map_or(true, |v| v != "0"))
+}
+
 /// Keys from which the split kernel runs [`WIDE_WARPS`] warps a block: 0 (every cache)
 /// unless `SPECDEC_ATTN_WIDE_MIN_LEN` says otherwise (read once; for comparisons in one
 /// build). Measured on an H200 (2026-11-26, `gpu_decode`, eight warps everywhere against
@@ -275,7 +286,29 @@ impl SplitAttention {
             (WARPS, "")
         };
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let mut l = Launch::new(dev, &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}"))?;
+        let grid = (
+            (t * group.div_ceil(hb)) as u32,
+            kv_heads as u32,
+            splits.min(SPLIT_BLOCKS) as u32,
+        );
+        // The fused eight-warp kernel over d <= 64 loads each tile's first value rows with its
+        // keys (`_hv`) where the grid is one wave of blocks (its extra registers would cost
+        // blocks an SM otherwise). The same arithmetic either way.
+        let blocks = (grid.0 * grid.1 * grid.2) as usize;
+        let hv = if !fused.is_empty()
+            && warps == WIDE_WARPS
+            && d <= 64
+            && early_values()
+            && blocks <= super::launch::multiprocessors(dev)
+        {
+            "_hv"
+        } else {
+            ""
+        };
+        let mut l = Launch::new(
+            dev,
+            &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}{hv}"),
+        )?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
@@ -347,11 +380,7 @@ impl SplitAttention {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (
-                (t * group.div_ceil(hb)) as u32,
-                kv_heads as u32,
-                splits.min(SPLIT_BLOCKS) as u32,
-            ),
+            grid_dim: grid,
             block_dim: (warps * 32, 1, 1),
             shared_mem_bytes: 0,
         };

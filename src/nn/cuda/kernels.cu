@@ -32,10 +32,10 @@ __device__ __forceinline__ void load_vec(const T *p, float (&out)[E]) {
   for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
 }
 
-// load_vec through the L2 only (`ld.global.cg`): for data this kernel wrote itself, which
-// the read-only path may not see.
+// E consecutive elements as stored, through the L2 only (`ld.global.cg`): for data this
+// kernel wrote itself, which the read-only path may not see.
 template <typename T, int E>
-__device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
+__device__ __forceinline__ Vec<T, E> load_raw_cg(const T *p) {
   constexpr int BYTES = sizeof(T) * E;
   static_assert(BYTES % 16 == 0 || BYTES == 8 || BYTES == 4 || BYTES == 2, "vector");
   Vec<T, E> v;
@@ -50,6 +50,13 @@ __device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
   } else {
     *reinterpret_cast<unsigned short *>(&v) = __ldcg(reinterpret_cast<const unsigned short *>(p));
   }
+  return v;
+}
+
+// load_vec through the L2 only (see load_raw_cg).
+template <typename T, int E>
+__device__ __forceinline__ void load_vec_cg(const T *p, float (&out)[E]) {
+  const Vec<T, E> v = load_raw_cg<T, E>(p);
 #pragma unroll
   for (int e = 0; e < E; ++e) out[e] = to_f32(v.x[e]);
 }
@@ -258,7 +265,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB, int W, bool ROPE>
+template <typename T, int E, int HB, int W, bool ROPE, bool HV = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -373,6 +380,22 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const int j = tile + lane;
       const bool live = j >= lo && j < hi;
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
+      // Value rows in batches of VB independent loads, each batch one round trip to memory
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
+      // HV (the `_hv` kernels): the first batch does not depend on the scores, so it loads
+      // beside the keys, in their round trip, kept as stored until the scores are known: one
+      // round trip fewer a tile, the same values summed in the same order, but 32 more
+      // registers a thread (fewer blocks an SM: for grids of one wave only).
+      constexpr int VB = E <= 2 ? 32 : E <= 4 ? 16 : 8;
+      const int n = min(32, hi - tile);
+      Vec<T, E> v0[HV ? VB : 1];
+      if constexpr (HV) {
+#pragma unroll
+        for (int u = 0; u < VB; ++u)
+          if (u < n)
+            v0[u] = ROPE ? load_raw_cg<T, E>(vb + (long)(tile + u) * D)
+                         : *reinterpret_cast<const Vec<T, E> *>(vb + (long)(tile + u) * D);
+      }
       float sc[HB];
 #pragma unroll
       for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
@@ -414,15 +437,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         for (int e = 0; e < E; ++e) acc[h][e] *= corr;
         m[h] = m_new;
       }
-      // Value rows in batches of VB independent loads, each batch one round trip to memory
-      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
-      constexpr int VB = E <= 2 ? 32 : E <= 4 ? 16 : 8;
-      const int n = min(32, hi - tile);
       for (int base = 0; base < n; base += VB) {
         float vv[VB][E];
 #pragma unroll
         for (int u = 0; u < VB; ++u) {
-          if (base + u < n) {
+          if (HV && base == 0 && u < n) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) vv[u][e] = to_f32(v0[HV ? u : 0].x[e]);
+          } else if (base + u < n) {
             if (ROPE)
               load_vec_cg<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
             else
@@ -531,6 +553,31 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
   ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)
 
+// `NAME_rope_hv`: the eight-warp fused kernel with HV (d <= 64; see attn_split).
+#define ATTN_SPLIT_HV1(NAME, T, E, HB)                                                          \
+  extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
+      NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
+           uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
+           long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
+           float softcap, const T *k_new, long k_row, const T *v_new, long v_row,            \
+           const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
+           const char *pf1, long pf1_n) {                                                     \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
+    attn_split<T, E, HB, 8, true, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,  \
+                                        q_head_stride, q_row_stride, kv_head_stride,          \
+                                        split_len, splits, window, softcap,                   \
+                                        FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,    \
+                                                     kw, vw});                                \
+  }
+#define ATTN_SPLIT_HV(NAME, T, E)                                                              \
+  ATTN_SPLIT_HV1(NAME##_h1_w8_rope_hv, T, E, 1) ATTN_SPLIT_HV1(NAME##_h4_w8_rope_hv, T, E, 4)
+
+ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
+ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
+ATTN_SPLIT_HV(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT_HV(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT_HV(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT_HV(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT(attn_split_f32_d32, float, 1)
 ATTN_SPLIT(attn_split_f32_d64, float, 2)
 ATTN_SPLIT(attn_split_f32_d128, float, 4)

@@ -62,6 +62,17 @@ pub(crate) fn pdl(dev: &CudaDevice) -> bool {
 /// One launch of a kernel of kernels.cu: its arguments in the order of the kernel's
 /// parameters, each in an 8-byte slot (device pointers; scalars in the low bytes, which is
 /// what the driver copies for a 4-byte parameter on a little-endian host).
+/// The GPU's multiprocessors (of the first device asked: it only steers kernel choices).
+pub(super) fn multiprocessors(dev: &CudaDevice) -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        dev.cuda_stream()
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_or(0, |n| n.max(0) as usize)
+    })
+}
+
 pub(super) struct Launch {
     func: CudaFunction,
     stream: Arc<CudaStream>,
