@@ -165,7 +165,8 @@ impl Graphs {
     }
 
     /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying the
-    /// recording in `slot` (one per kind of step) made for `key`, or recording it anew:
+    /// recording in `slot` (one per kind of step; `greedy` as below) made for `key`, or
+    /// recording it anew:
     /// `step(ids, len)` is the step as device work only (no host reads or uploads) given
     /// `ids: [t]` and `len: [1]` u32 tensors, and returns the logits. A step not recorded yet
     /// runs `step` eagerly (that is this step's result) and is recorded at once, so every
@@ -184,11 +185,10 @@ impl Graphs {
     pub fn run(
         &self,
         dev: &CudaDevice,
-        slot: usize,
+        (slot, greedy): (usize, bool),
         key: Vec<u64>,
         ids: StepIds,
         len: u32,
-        greedy: bool,
         step: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         let mut inner = self.inner.lock().map_err(|_| poisoned())?;

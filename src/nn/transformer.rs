@@ -636,7 +636,7 @@ impl Decoder {
         let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
         let logits = self
             .graphs
-            .run(dev, slot, key, tokens, len, greedy, |ids, len| {
+            .run(dev, (slot, greedy), key, tokens, len, |ids, len| {
                 let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
                 if let Some(scale) = self.embed_scale {
                     x = (x * scale)?;
