@@ -108,14 +108,13 @@ unsafe fn out_alloc<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
 mod attention;
 mod dense;
 mod launch;
+mod prefill;
 
-pub use attention::{
-    flash_attention_applies, fused_rope, split_attention_applies, AttnRope, CausalSoftmax,
-    FlashAttention, RopeStore, SplitAttention,
-};
+pub use attention::{fused_rope, split_attention_applies, AttnRope, RopeStore, SplitAttention};
 pub use dense::{
     add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
     ArgmaxInto, ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
+pub use prefill::{flash_attention_applies, CausalSoftmax, FlashAttention};
