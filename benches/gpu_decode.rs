@@ -6,7 +6,9 @@
 //! 1. **Bandwidth**: a device-to-device copy of 1 GiB, median of 9 (read + write bytes / s):
 //!    the memory bound of a decode step is the weight bytes at this rate.
 //! 2. **Context table**: after a prompt of each length (`SPECDEC_BENCH_CONTEXTS`, default
-//!    128, 1,024, 4,096 and 8,000, cut at the model's context), the prompt's prefill time and
+//!    128, 1,024, 4,096 and 8,000, cut at the model's context; into a cache first grown to
+//!    `SPECDEC_BENCH_CAPACITY` positions where set, as an engine's caches stay grown from one
+//!    prompt to the next), the prompt's prefill time and
 //!    `SPECDEC_BENCH_ROUNDS` (default 16) interleaved rounds of 4 decode steps and one
 //!    verification forward of 5 tokens (γ = 4, inside a speculation that rolls back). Every
 //!    forward ends with the argmax of its logits read back to the host — the one device →
@@ -122,6 +124,17 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
     let mut cache = new_cache(model);
     finish(&model.forward_last(&prompt, &mut cache).expect("prefill"));
     let mut cache = new_cache(model);
+    // SPECDEC_BENCH_CAPACITY=n: the cache first grown to n positions (a prefill, then a reset
+    // that keeps the buffers), as an engine's caches stay grown from one prompt to the next.
+    let grown = env_list("SPECDEC_BENCH_CAPACITY", &[0])[0];
+    if grown > 0 {
+        finish(
+            &model
+                .forward_last(&tokens(grown, vocab, 5), &mut cache)
+                .expect("growing prefill"),
+        );
+        cache.reset();
+    }
     model.device().synchronize().expect("sync");
     let start = Instant::now();
     let mut next = finish(&model.forward_last(&prompt, &mut cache).expect("prefill"));

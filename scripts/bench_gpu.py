@@ -377,7 +377,15 @@ def summarize(args, torch, prompts, ids, target, draft, rounds):
     if "draft_model_ar" in rows:
         c_ar = rows[ar_key]["median"] / rows["draft_model_ar"]["median"]
     for m in methods:
-        if not m.startswith("specdec_") or m == ar_key:
+        if not m.startswith("specdec_"):
+            continue
+        # Where the last round's wall time went (s, summed over prompts): the cost model's
+        # terms, and what lies outside them (sampling, bookkeeping).
+        recs = [x["record"] for x in rounds[-1]["runs"][m]]
+        split = {k: sum(r[k + "_s"] for r in recs) for k in ("wall", "prefill", "draft", "verify")}
+        split["other"] = split["wall"] - split["prefill"] - split["draft"] - split["verify"]
+        rows[m]["seconds"] = split
+        if m == ar_key:
             continue
         paired = [tps(r["runs"][m]) / tps(r["runs"][ar_key]) for r in rounds]
         tau, v, c = spec_terms(rounds[-1]["runs"][m], rounds[-1]["runs"][ar_key])
@@ -438,6 +446,12 @@ def markdown(info, rows):
             f"{r['identical_prompts']} | {fmt('speedup')} | {fmt('tau')} | {fmt('tau_expected')} | "
             f"{fmt('v')} | {fmt('c')} | "
             f"{fmt('leviathan')} | {fmt('time_accounting')} |")
+    split = [(m, r["seconds"]) for m, r in rows.items() if r.get("seconds")]
+    if split:
+        lines += ["", "Wall time of the last round (s, all prompts): | method | wall | prefill | "
+                  "draft | verify | other |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m} | " + " | ".join(f"{t[k]:.3f}" for k in
+                  ("wall", "prefill", "draft", "verify", "other")) + " |" for m, t in split]
     return "\n".join(lines) + "\n"
 
 

@@ -182,15 +182,16 @@ impl Attention {
     /// newest positions of a full-attention layer, but the position comes from the device
     /// (`len: [1]` u32, the cache length after the step) and the K/V are written straight
     /// into the cache buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room
-    /// and does the cache's bookkeeping). `prefetch`: the gate/up weight of the MLP after
-    /// this attention, whose first rows RoPE's kernel prefetches into the L2.
+    /// and does the cache's bookkeeping). `reach`: the most keys any step replaying this one
+    /// leaves in the cache (`cuda::split_reach`). `prefetch`: the gate/up weight of the MLP
+    /// after this attention, whose first rows RoPE's kernel prefetches into the L2.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
         input: AttnInput,
         k_buf: &Tensor,
         v_buf: &Tensor,
-        len: &Tensor,
+        (len, reach): (&Tensor, usize),
         prefetch: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.project(input)?;
@@ -221,7 +222,7 @@ impl Attention {
         let op = super::cuda::SplitAttention {
             window: None,
             softcap: self.softcap,
-            len: Some((len.clone(), capacity)),
+            len: Some((len.clone(), capacity, reach)),
             rope,
         };
         let out = super::fused::made(q.apply_op3_no_bwd(k_buf, v_buf, &op)?); // [t, heads * d]

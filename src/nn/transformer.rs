@@ -627,11 +627,18 @@ impl Decoder {
             return Ok(None);
         };
         let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        let Some(capacity) = bufs.first().map(|b| b.0.dim(2)).transpose()? else {
+            return Ok(None);
+        };
         for block in &self.blocks {
-            let (cos, _) = block.attn.rope_table(bufs[0].0.dim(2)?)?;
+            let (cos, _) = block.attn.rope_table(capacity)?;
             key.push(cos.dim(0)? as u64);
         }
         let len = (cache.offset() + tokens.len()) as u32;
+        // The attention's reach: a recording serves the steps of one reach (its kernels
+        // launch blocks for the keys below it only).
+        let reach = super::cuda::split_reach(capacity, len as usize);
+        key.push(reach as u64);
         // One recording per block length and output kind.
         let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
         let logits = self
@@ -645,7 +652,7 @@ impl Decoder {
                 for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
                     let gate_up = block.mlp.gate_up_weight();
                     input = block.forward_with(input, |attn, input| {
-                        attn.forward_in_place(input, k, v, len, Some(gate_up))
+                        attn.forward_in_place(input, k, v, (len, reach), Some(gate_up))
                     })?;
                 }
                 self.head(input, last && t > 1, !greedy)

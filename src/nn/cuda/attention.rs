@@ -25,6 +25,21 @@ const WIDE_WARPS: u32 = 8;
 pub const SPLIT_LEN: usize = 256;
 /// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 512;
+
+/// Keys per split of a cache of `capacity` keys: [`SPLIT_LEN`], longer where that would
+/// make more than [`MAX_SPLITS`] splits.
+fn split_len(capacity: usize) -> usize {
+    SPLIT_LEN * capacity.div_ceil(SPLIT_LEN * MAX_SPLITS).max(1)
+}
+
+/// The keys a step that leaves `len` keys in a cache of `capacity` reaches, rounded up to
+/// whole splits (at most `capacity`): the reach of a replayed graph's split attention
+/// ([`SplitAttention::len`]). Steps of one reach share a recording; a step past it needs
+/// another (the reach is part of a recording's key).
+pub fn split_reach(capacity: usize, len: usize) -> usize {
+    let s = split_len(capacity);
+    (len.max(1).div_ceil(s) * s).min(capacity)
+}
 /// Most blocks per query head: past `SPLIT_BLOCKS` splits a block takes several, one after
 /// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 512):
 /// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
@@ -41,16 +56,28 @@ const GROUPED_HEADS: usize = 4;
 /// 2-3% faster at 4,096 and 8,000, where they verified 5 tokens 16-21% faster.
 const GROUPED_MIN_LEN: usize = 4096;
 
-/// Keys from which a block of several rows (a verification block) groups query heads:
-/// it then reads each K/V row once per group and row instead of once per head and row.
-/// Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification row stays
-/// bitwise the decode step of its position. Measured on H100s (5 rows, 2026-11-25; the
-/// capacity in brackets): the 8B shape over 2,048 keys (2,048) 6.23 against 7.17 ms, over
-/// 1,024 (1,024) 5.66 against 6.35, over 640 (768) 0.3-0.8% faster, over 300 and 450 (512)
-/// 0-0.8% slower, over 128 (256) 1.8% slower; the 1B shape 1-3% faster from 512 keys. In
-/// the oracle benchmark (contexts of 13-525 tokens) grouping from 512 keys made the 8B
-/// target's speculation 0.8% slower, hence 768.
-const GROUPED_ROWS_MIN_LEN: usize = 768;
+/// Reach (keys, [`split_reach`]) from which a block of several rows (a verification block)
+/// groups query heads: it then reads each K/V row once per group and row instead of once per
+/// head and row. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification
+/// row stays bitwise the decode step of its position. Measured on an H200 (2026-11-26, 8B
+/// shape, 5 rows; chosen then by the capacity, which the reach now replaces): over 320 and
+/// 448 keys of a 768-key cache grouped rows verified in 4.30-4.35 ms against 4.37-4.59
+/// ungrouped, over 384 keys of a 512-key cache in 4.32-4.35 against 4.46-4.48; over 64 and
+/// 192 keys (one split) ungrouped rows were faster, 4.01-4.10 against 4.04-4.26, and over
+/// 128 keys of a 256-key cache 4.05 against 4.15.
+const GROUPED_ROWS_MIN_LEN: usize = 512;
+
+/// [`GROUPED_ROWS_MIN_LEN`] unless `SPECDEC_ATTN_GROUPED_ROWS_MIN_LEN` says otherwise (read
+/// once; for comparisons in one build).
+fn grouped_rows_min_len() -> usize {
+    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LEN.get_or_init(|| {
+        std::env::var("SPECDEC_ATTN_GROUPED_ROWS_MIN_LEN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(GROUPED_ROWS_MIN_LEN)
+    })
+}
 
 /// Rows from which a block groups query heads over caches of at least
 /// [`GROUPED_ROWS_MIN_LEN`] keys: `2` unless `SPECDEC_ATTN_GROUPED_MIN_ROWS` says otherwise
@@ -88,8 +115,11 @@ pub struct SplitAttention {
     /// `tanh` softcap of the logits.
     pub softcap: Option<f64>,
     /// A `[1]` u32 device tensor holding `len`, read by the kernel instead of `k`'s length
-    /// (a replayed graph); `splits` then covers `max_len` keys.
-    pub len: Option<(Tensor, usize)>,
+    /// (a replayed graph), with the cache's capacity (the splits' boundaries follow it) and
+    /// the reach ([`split_reach`]): every step the launch serves leaves at most that many
+    /// keys, so blocks are launched for the splits below it only, and the kernel (head
+    /// grouping, cluster combine) is chosen for those keys.
+    pub len: Option<(Tensor, usize, usize)>,
     /// RoPE and the K/V store fused in (with `len` only): `q` is then the projection's output
     /// before RoPE, and the kernel writes the step's keys (rotated) and values into the cache
     /// buffers `k`, `v` at slots `len - t ..= len - 1` before it reads them.
@@ -121,6 +151,23 @@ pub struct AttnRope {
 fn early_values() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPECDEC_ATTN_EARLY_VALUES").map_or(true, |v| v != "0"))
+}
+
+/// Most splits a cluster combines (`CL_MAX` in kernels.cu: the portable cluster size).
+const CLUSTER_SPLITS: usize = 8;
+
+/// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each
+/// row's splits as one thread block cluster that combines them in distributed shared memory
+/// (the `_cl` kernels): compute capability 9.0 or newer, unless `SPECDEC_ATTN_CLUSTER=0`
+/// (read once; for comparisons in one build). The global combine it replaces is a fence, a
+/// counter and three dependent L2 round trips after the last split; the cluster's is two
+/// cluster barriers and one round trip inside the GPC.
+fn clusters(dev: &CudaDevice) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("SPECDEC_ATTN_CLUSTER").map_or(true, |v| v != "0")
+            && super::launch::compute_major(dev) >= 9
+    })
 }
 
 /// Keys from which the split kernel runs [`WIDE_WARPS`] warps a block: 0 (every cache)
@@ -264,38 +311,54 @@ impl SplitAttention {
             kv_head,
         } = qkv_shape("split attention", ql, kl, vl)?;
         let group = heads / kv_heads;
-        let max_len = self.len.as_ref().map_or(len, |(_, m)| *m);
+        // The capacity (split boundaries, buffers) and the keys any step of this launch
+        // reaches (blocks, kernel choice).
+        let (max_len, reach) = self
+            .len
+            .as_ref()
+            .map_or((len, len), |(_, m, r)| (*m, (*r).clamp(1, *m)));
         // Whole SPLIT_LEN-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
         // weight per split in shared memory).
-        let split_len = SPLIT_LEN * max_len.div_ceil(SPLIT_LEN * MAX_SPLITS).max(1);
+        let split_len = split_len(max_len);
         let splits = max_len.div_ceil(split_len);
+        // The splits holding a key some step of this launch sees.
+        let live = reach.div_ceil(split_len).min(splits);
         if t * heads > ATTN_COUNTERS {
             candle_core::bail!(
                 "split attention: {t} rows of {heads} heads exceed the kernel's {ATTN_COUNTERS} split counters"
             );
         }
-        // SAFETY: each live split block writes its partial row before the combine reads it;
-        // splits without a visible key are never read.
-        let part = unsafe { super::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? };
-        // SAFETY: the last split block of each (row, head) writes its d outputs.
-        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
-
-        let by_rows = max_len >= GROUPED_ROWS_MIN_LEN && t >= grouped_min_rows();
-        let hb = if group > 1 && (max_len >= GROUPED_MIN_LEN || by_rows) {
-            GROUPED_HEADS
-        } else {
-            1
-        };
-        let (warps, wide) = if max_len >= wide_min_len() {
+        let fused = if self.rope.is_some() { "_rope" } else { "" };
+        let (warps, wide) = if reach >= wide_min_len() {
             (WIDE_WARPS, "_w8")
         } else {
             (WARPS, "")
         };
-        let fused = if self.rope.is_some() { "_rope" } else { "" };
+        // The row's splits as one cluster (no partial sums in global memory).
+        let cluster = !fused.is_empty()
+            && warps == WIDE_WARPS
+            && (2..=CLUSTER_SPLITS).contains(&live)
+            && clusters(dev);
+        // SAFETY: each live split block writes its partial row before the combine reads it;
+        // splits without a visible key are never read.
+        let part = if cluster {
+            None
+        } else {
+            Some(unsafe { super::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? })
+        };
+        // SAFETY: the last split block of each (row, head) writes its d outputs.
+        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
+
+        let by_rows = reach >= grouped_rows_min_len() && t >= grouped_min_rows();
+        let hb = if group > 1 && (reach >= GROUPED_MIN_LEN || by_rows) {
+            GROUPED_HEADS
+        } else {
+            1
+        };
         let grid = (
             (t * group.div_ceil(hb)) as u32,
             kv_heads as u32,
-            splits.min(SPLIT_BLOCKS) as u32,
+            live.min(SPLIT_BLOCKS) as u32,
         );
         // The fused eight-warp kernel over d <= 64 loads each tile's first value rows with its
         // keys (`_hv`) where the grid is one wave of blocks (its extra registers would cost
@@ -313,12 +376,21 @@ impl SplitAttention {
         };
         let mut l = Launch::new(
             dev,
-            &format!("attn_split_{name}_d{d}_h{hb}{wide}{fused}{hv}"),
+            &format!(
+                "attn_split_{name}_d{d}_h{hb}{wide}{fused}{hv}{}",
+                if cluster { "_cl" } else { "" }
+            ),
         )?;
+        if cluster {
+            // grid.2 = live (≤ CLUSTER_SPLITS < SPLIT_BLOCKS): one cluster a (row, head
+            // block), its block z taking split z; no step of the launch sees a split past
+            // them (the reach's contract).
+            l.cluster_z(grid.2);
+        }
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
         let v = v.slice(vl.start_offset()..);
-        let len_storage = self.len.as_ref().map(|(t, _)| t.storage_and_layout());
+        let len_storage = self.len.as_ref().map(|(t, _, _)| t.storage_and_layout());
         let len_slice = match &len_storage {
             Some((storage, layout)) => match &**storage {
                 Storage::Cuda(s) => Some(s.as_cuda_slice::<u32>()?.slice(layout.start_offset()..)),
@@ -326,7 +398,12 @@ impl SplitAttention {
             },
             None => None,
         };
-        l.ptr(&q).ptr(&k).ptr(&v).ptr(&part).ptr(&out);
+        l.ptr(&q).ptr(&k).ptr(&v);
+        match &part {
+            Some(p) => l.ptr(p),
+            None => l.null(),
+        };
+        l.ptr(&out);
         match &len_slice {
             Some(s) => l.ptr(s),
             None => l.null(),
@@ -399,7 +476,9 @@ impl SplitAttention {
         unsafe { l.run(cfg) }?;
         // The partial sums are scratch: freed here, after the launch (stream order), except
         // while a graph records, where a free would sit between this kernel and the next.
-        crate::nn::graph_edges::keep_scratch(part);
+        if let Some(part) = part {
+            crate::nn::graph_edges::keep_scratch(part);
+        }
         Ok((out, Shape::from((t, heads * d))))
     }
 }

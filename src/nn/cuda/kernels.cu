@@ -221,6 +221,69 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
   }
 }
 
+// Thread block clusters (compute capability 9.0+; the host launches the `_cl` kernels only
+// there). `cluster_sync`: every thread of every block of the cluster arrives, with release
+// semantics for its earlier writes (shared memory included), and waits, with acquire
+// semantics. `ld_cluster`: a float of block `rank`'s shared memory at the address `p` has in
+// this block's (distributed shared memory: the same static layout in every block).
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float ld_cluster(const float *p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r));
+  return v;
+#else
+  return 0.f;
+#endif
+}
+
+// Most splits of a cluster-combined split attention (`CLUSTER_SPLITS` in attention.rs): the
+// portable cluster size.
+constexpr int CL_MAX = 8;
+
+// The cluster's combine (`_cl` kernels): blocks first ... first + n - 1 of the cluster (one
+// split each, ranks = splits) hold their split's (m, l, acc[D]) for nh ≤ HB heads in shared
+// memory (`cm`, `cl`, `cacc` [HB][D]); this block reads them all, every load of a thread in
+// flight at once (one round trip within the GPC, where the global combine takes a fence, a
+// counter and three dependent L2 round trips), and writes out[h * D + e] =
+// sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s, both sums in
+// split order. Like `attn_combine`, a head's result depends on its own splits only.
+template <typename T, int D, int HB, int W>
+__device__ void attn_combine_cluster(const float *cm, const float *cl, const float *cacc,
+                                     int nh, int first, int n, T *__restrict__ out) {
+  for (int i = threadIdx.x; i < nh * D; i += W * 32) {
+    const int h = i / D, e = i % D;
+    float ms[CL_MAX], ls[CL_MAX], as[CL_MAX];
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n) {
+        ms[s] = ld_cluster(cm + h, first + s);
+        ls[s] = ld_cluster(cl + h, first + s);
+        as[s] = ld_cluster(cacc + h * D + e, first + s);
+      }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n) M = fmaxf(M, ms[s]);
+    float L = 0.f, a = 0.f;
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n && ms[s] > -INFINITY) {
+        const float w = __expf(ms[s] - M);
+        L += ls[s] * w;
+        a += as[s] * w;
+      }
+    out[h * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+  }
+}
+
 // Split-K attention of single query rows over a cache ("flash decoding").
 //
 // Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
@@ -247,6 +310,11 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
 // only: never on t, the group or the other heads of its block.
 // HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
 // or 4 (long caches: K/V read once for four heads).
+// CL (the `_cl` kernels, compute capability 9.0+): gridDim.z = the splits any query of the
+// launch sees (2 to CL_MAX), launched as clusters of gridDim.z blocks; each block takes one
+// split and leaves its (m, l, acc) in shared memory, and the block of the query's first
+// visible split combines them through distributed shared memory (`attn_combine_cluster`):
+// no partial rows in global memory, no counter.
 //
 // Fused RoPE and K/V store (ROPE; a decode or verification step's graph): q is the
 // projection's output before RoPE, and the step's t new keys and values (positions
@@ -265,7 +333,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB, int W, bool ROPE, bool HV = false>
+template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -288,8 +356,16 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const int end_split = min(qpos / split_len + 1, splits);
   const int z = blockIdx.z, zs = gridDim.z;
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
+  // CL: the row's splits are one cluster's blocks (gridDim.z = splits ≤ CL_MAX, one split a
+  // block, cluster rank = split). Where the query sees several, every block of the cluster
+  // takes part in the combine's two barriers, those without a visible key included.
+  const bool multi = end_split - first_split > 1;
   if (start >= end_split) {
     pdl_begin();  // every block waits: the kernel completes only after the one ahead of it
+    if (CL && multi) {
+      cluster_sync();
+      cluster_sync();
+    }
     return;
   }
   // Before `pdl_begin` (the kernel ahead, the q/k/v product, may still run): an L2 prefetch
@@ -363,6 +439,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const T *kb = k + blockIdx.y * kv_head_stride;
   const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
   __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
+  // CL: this block's split result, read by the combining block of the cluster.
+  __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
   int mine = 0;  // splits this block wrote
   for (int split = start; split < end_split; split += zs, ++mine) {
     const int hi = min(qpos + 1, (split + 1) * split_len);
@@ -486,7 +564,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       for (int w = 0; w < W; ++w)
         if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
       const int rh = row * heads + h0 + h;
-      float *out = part + ((long)rh * splits + split) * (D + 2);
+      float *out = CL ? nullptr : part + ((long)rh * splits + split) * (D + 2);
       for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.f;
 #pragma unroll
@@ -494,16 +572,32 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
           if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
         if (only)
           y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+        else if (CL)
+          cacc[CL ? h : 0][CL ? e : 0] = a;
         else
           out[2 + e] = a;
       }
       if (!only && threadIdx.x == 0) {
-        out[0] = M;
-        out[1] = L;
+        if (CL) {
+          cm[CL ? h : 0] = M;
+          cl[CL ? h : 0] = L;
+        } else {
+          out[0] = M;
+          out[1] = L;
+        }
       }
     }
     if (only) return;
     __syncthreads();  // sm, sl, sacc are the next split's
+  }
+  if constexpr (CL) {
+    cluster_sync();  // every visible split's cm, cl, cacc written
+    if ((int)blockIdx.z == first_split)
+      attn_combine_cluster<T, D, HB, W>(&cm[0], &cl[0], &cacc[0][0], nh, first_split,
+                                        end_split - first_split,
+                                        y + (long)(row * heads + h0) * D);
+    cluster_sync();  // the peers' shared memory lives until the combining block has read it
+    return;
   }
   // The last of the (row, head block)'s live splits to finish combines them all (its count
   // is reset for the next launch; no other block of this launch touches it again).
@@ -553,8 +647,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
   ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)
 
-// `NAME_rope_hv`: the eight-warp fused kernel with HV (d <= 64; see attn_split).
-#define ATTN_SPLIT_HV1(NAME, T, E, HB)                                                          \
+// The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
+// in a cluster); see attn_split.
+#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL)                                               \
   extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
@@ -563,14 +658,20 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
            const char *pf1, long pf1_n) {                                                     \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, 8, true, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,  \
-                                        q_head_stride, q_row_stride, kv_head_stride,          \
-                                        split_len, splits, window, softcap,                   \
-                                        FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,    \
-                                                     kw, vw});                                \
+    attn_split<T, E, HB, 8, true, HV, CL>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, \
+                                          q_head_stride, q_row_stride, kv_head_stride,        \
+                                          split_len, splits, window, softcap,                 \
+                                          FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
+                                                       kw, vw});                              \
   }
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
-  ATTN_SPLIT_HV1(NAME##_h1_w8_rope_hv, T, E, 1) ATTN_SPLIT_HV1(NAME##_h4_w8_rope_hv, T, E, 4)
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true)                              \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true)
+#define ATTN_SPLIT_CL(NAME, T, E)                                                              \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true)
 
 ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
 ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
@@ -590,6 +691,18 @@ ATTN_SPLIT(attn_split_f16_d32, __half, 1)
 ATTN_SPLIT(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT(attn_split_f16_d128, __half, 4)
 ATTN_SPLIT(attn_split_f16_d256, __half, 8)
+ATTN_SPLIT_CL(attn_split_f32_d32, float, 1)
+ATTN_SPLIT_CL(attn_split_f32_d64, float, 2)
+ATTN_SPLIT_CL(attn_split_f32_d128, float, 4)
+ATTN_SPLIT_CL(attn_split_f32_d256, float, 8)
+ATTN_SPLIT_CL(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT_CL(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT_CL(attn_split_bf16_d128, __nv_bfloat16, 4)
+ATTN_SPLIT_CL(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT_CL(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT_CL(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT_CL(attn_split_f16_d128, __half, 4)
+ATTN_SPLIT_CL(attn_split_f16_d256, __half, 8)
 
 
 // Causal softmax of attention scores in place, for a prefill chunk's scores

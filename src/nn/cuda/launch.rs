@@ -45,23 +45,24 @@ fn module(dev: &CudaDevice) -> candle_core::Result<Arc<CudaModule>> {
     Ok(m)
 }
 
+/// The compute capability's major version of `dev` (0 when the driver cannot tell).
+pub(super) fn compute_major(dev: &CudaDevice) -> i32 {
+    dev.cuda_stream()
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .unwrap_or(0)
+}
+
 /// Whether launches carry the PDL attribute: compute capability 9.0 or newer, unless
 /// `SPECDEC_PDL=0`. Read once (the first device asked decides; specdec runs one GPU kind).
 pub(crate) fn pdl(dev: &CudaDevice) -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         let wanted = std::env::var("SPECDEC_PDL").map_or(true, |v| v != "0");
-        let major = dev
-            .cuda_stream()
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-        wanted && matches!(major, Ok(m) if m >= 9)
+        wanted && compute_major(dev) >= 9
     })
 }
 
-/// One launch of a kernel of kernels.cu: its arguments in the order of the kernel's
-/// parameters, each in an 8-byte slot (device pointers; scalars in the low bytes, which is
-/// what the driver copies for a 4-byte parameter on a little-endian host).
 /// The GPU's multiprocessors (of the first device asked: it only steers kernel choices).
 pub(super) fn multiprocessors(dev: &CudaDevice) -> usize {
     static N: OnceLock<usize> = OnceLock::new();
@@ -73,11 +74,16 @@ pub(super) fn multiprocessors(dev: &CudaDevice) -> usize {
     })
 }
 
+/// One launch of a kernel of kernels.cu: its arguments in the order of the kernel's
+/// parameters, each in an 8-byte slot (device pointers; scalars in the low bytes, which is
+/// what the driver copies for a 4-byte parameter on a little-endian host).
 pub(super) struct Launch {
     func: CudaFunction,
     stream: Arc<CudaStream>,
     slots: Vec<u64>,
     pdl: bool,
+    /// Blocks a cluster along z (thread block clusters, compute capability 9.0+), if any.
+    cluster_z: Option<u32>,
 }
 
 impl Launch {
@@ -88,7 +94,15 @@ impl Launch {
             stream: dev.cuda_stream(),
             slots: Vec::with_capacity(16),
             pdl: pdl(dev),
+            cluster_z: None,
         })
+    }
+
+    /// Launches as clusters of `z` blocks along the grid's z (which `z` must divide; at most
+    /// 8, the portable cluster size).
+    pub(super) fn cluster_z(&mut self, z: u32) -> &mut Self {
+        self.cluster_z = Some(z);
+        self
     }
 
     /// A device buffer (a slice or a view) as a pointer parameter.
@@ -124,14 +138,29 @@ impl Launch {
             .iter_mut()
             .map(|s| (s as *mut u64).cast::<c_void>())
             .collect();
-        // SAFETY: a plain C union; the attribute's value is its `int` member.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        };
+        let mut attrs = Vec::with_capacity(2);
+        if self.pdl {
+            // SAFETY: a plain C union; the attribute's value is its `int` member.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            });
+        }
+        if let Some(z) = self.cluster_z {
+            // SAFETY: as above; the value is its `clusterDim` member.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.clusterDim.x = 1;
+            value.clusterDim.y = 1;
+            value.clusterDim.z = z;
+            attrs.push(sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value,
+            });
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -141,8 +170,8 @@ impl Launch {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         self.stream.context().bind_to_thread().w()?;
         crate::nn::graph_edges::before_launch(self.stream.cu_stream())

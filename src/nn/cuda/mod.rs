@@ -110,7 +110,9 @@ mod dense;
 mod launch;
 mod prefill;
 
-pub use attention::{fused_rope, split_attention_applies, AttnRope, RopeStore, SplitAttention};
+pub use attention::{
+    fused_rope, split_attention_applies, split_reach, AttnRope, RopeStore, SplitAttention,
+};
 pub use dense::{
     add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
     ArgmaxInto, ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
