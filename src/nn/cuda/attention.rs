@@ -57,10 +57,11 @@ const GROUPED_HEADS: usize = 4;
 const GROUPED_MIN_LEN: usize = 4096;
 
 /// Reach (keys, [`split_reach`]) from which a block of several rows (a verification block)
-/// groups query heads: it then reads each K/V row once per group and row instead of once per
-/// head and row. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification
+/// groups query heads ([`ROWS_HEADS`] of them): it then reads each K/V row once per block
+/// instead of once per head. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification
 /// row stays bitwise the decode step of its position. Measured on an H200 (2026-11-26, 8B
-/// shape, 5 rows; chosen then by the capacity, which the reach now replaces): over 320 and
+/// shape, 5 rows, four heads a block; chosen then by the capacity, which the reach now
+/// replaces): over 320 and
 /// 448 keys of a 768-key cache grouped rows verified in 4.30-4.35 ms against 4.37-4.59
 /// ungrouped, over 384 keys of a 512-key cache in 4.32-4.35 against 4.46-4.48; over 64 and
 /// 192 keys (one split) ungrouped rows were faster, 4.01-4.10 against 4.04-4.26, and over
@@ -78,6 +79,24 @@ fn grouped_rows_min_len() -> usize {
             .unwrap_or(GROUPED_ROWS_MIN_LEN)
     })
 }
+
+/// Query heads a block of several rows groups (eight-warp kernels): [`ROWS_HEADS`] unless
+/// `SPECDEC_ATTN_ROWS_HEADS` says 4 (read once; for comparisons in one build).
+fn rows_heads() -> usize {
+    static HEADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *HEADS.get_or_init(
+        || match std::env::var("SPECDEC_ATTN_ROWS_HEADS").as_deref() {
+            Ok("4") => GROUPED_HEADS,
+            _ => ROWS_HEADS,
+        },
+    )
+}
+
+/// Query heads a block of a verification block groups (over a reach of at least
+/// [`GROUPED_ROWS_MIN_LEN`]; `HB` in kernels.cu). Measured on an H200 (2026-11-26, 8B shape,
+/// 5 rows over 320 and 448 keys of a 768-key cache, interleaved twice): two heads verified in
+/// 4.14-4.16 ms against 4.26-4.27 with four; the oracle benchmark 1.90x against 1.88x.
+const ROWS_HEADS: usize = 2;
 
 /// Rows from which a block groups query heads over caches of at least
 /// [`GROUPED_ROWS_MIN_LEN`] keys: `2` unless `SPECDEC_ATTN_GROUPED_MIN_ROWS` says otherwise
@@ -350,7 +369,11 @@ impl SplitAttention {
         let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
 
         let by_rows = reach >= grouped_rows_min_len() && t >= grouped_min_rows();
-        let hb = if group > 1 && (reach >= GROUPED_MIN_LEN || by_rows) {
+        let hb = if group > 1 && reach >= GROUPED_MIN_LEN {
+            GROUPED_HEADS
+        } else if group > 1 && by_rows && warps == WIDE_WARPS {
+            rows_heads()
+        } else if group > 1 && by_rows {
             GROUPED_HEADS
         } else {
             1

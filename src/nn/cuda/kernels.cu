@@ -645,7 +645,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   }
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
   ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
-  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)                    \
+  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8)
 
 // The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
 // in a cluster); see attn_split.
@@ -667,11 +668,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
   ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false)                                \
   ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true)                              \
   ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true)                              \
   ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true)
 #define ATTN_SPLIT_CL(NAME, T, E)                                                              \
   ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true)
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true)
 
 ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
 ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
