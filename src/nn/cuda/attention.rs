@@ -58,14 +58,13 @@ const GROUPED_MIN_LEN: usize = 4096;
 
 /// Reach (keys, [`split_reach`]) from which a block of several rows (a verification block)
 /// groups query heads ([`ROWS_HEADS`] of them): it then reads each K/V row once per block
-/// instead of once per head. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a verification
-/// row stays bitwise the decode step of its position. Measured on an H200 (2026-11-26, 8B
-/// shape, 5 rows, four heads a block; chosen then by the capacity, which the reach now
-/// replaces): over 320 and
-/// 448 keys of a 768-key cache grouped rows verified in 4.30-4.35 ms against 4.37-4.59
-/// ungrouped, over 384 keys of a 512-key cache in 4.32-4.35 against 4.46-4.48; over 64 and
-/// 192 keys (one split) ungrouped rows were faster, 4.01-4.10 against 4.04-4.26, and over
-/// 128 keys of a 256-key cache 4.05 against 4.15.
+/// instead of once per head. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a
+/// verification row stays bitwise the decode step of its position. Measured on an H200
+/// (2026-11-26, 8B shape, 5 rows, four heads a block; chosen then by the capacity, which the
+/// reach now replaces): over 320 and 448 keys of a 768-key cache grouped rows verified in
+/// 4.30-4.35 ms against 4.37-4.59 ungrouped, over 384 keys of a 512-key cache in 4.32-4.35
+/// against 4.46-4.48; over 64 and 192 keys (one split) ungrouped rows were faster, 4.01-4.10
+/// against 4.04-4.26, and over 128 keys of a 256-key cache 4.05 against 4.15.
 const GROUPED_ROWS_MIN_LEN: usize = 512;
 
 /// [`GROUPED_ROWS_MIN_LEN`] unless `SPECDEC_ATTN_GROUPED_ROWS_MIN_LEN` says otherwise (read
