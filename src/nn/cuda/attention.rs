@@ -371,6 +371,7 @@ impl SplitAttention {
         let hb = if group > 1 && reach >= GROUPED_MIN_LEN {
             GROUPED_HEADS
         } else if group > 1 && by_rows && warps == WIDE_WARPS {
+            // Two-head kernels exist for eight warps only (kernels.cu `_h2_w8`).
             rows_heads()
         } else if group > 1 && by_rows {
             GROUPED_HEADS
