@@ -4,6 +4,7 @@
 //! with snapshot, restore, merge and split.
 pub mod bench_cache;
 pub mod cache;
+pub mod engine;
 pub mod error;
 pub mod experiment;
 pub mod models;
