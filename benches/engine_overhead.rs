@@ -16,7 +16,8 @@ use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{LoadOptions, Model};
 use specdec::speculative::{
-    speculative, GammaPolicy, GenParams, LanguageModel, ModelDrafter, SamplingParams,
+    generate, CachedSequence, Drafter, Drafting, GammaPolicy, GenParams, LanguageModel,
+    ModelDrafter, SamplingParams,
 };
 
 /// A model that adds the time spent in its forwards to a shared counter.
@@ -77,7 +78,7 @@ fn bench(c: &mut Criterion) {
     });
     let strategy = RotatingStrategy::Slack { max_draft: 4 };
     let mut drafter = ModelDrafter::new("draft", draft, strategy, None).expect("drafter");
-    let mut cache = target.new_cache(strategy).expect("cache");
+    let mut seq = CachedSequence::new(target.new_cache(strategy).expect("cache"));
     let prompt: Vec<u32> = (0..32).map(|i| (i * 7 + 3) % 200).collect();
     let params = GenParams {
         max_new_tokens: 64,
@@ -89,12 +90,15 @@ fn bench(c: &mut Criterion) {
         spent.take();
         let start = Instant::now();
         let mut rng = StdRng::seed_from_u64(0);
-        speculative(
+        // A fresh generation each time: nothing reused from the previous one.
+        seq.reset();
+        drafter.reset().expect("reset");
+        generate(
             &target,
-            &mut cache,
-            &mut drafter,
+            &mut seq,
             &prompt,
             &params,
+            Drafting::chain(&mut drafter),
             &mut rng,
         )
         .expect("generation");

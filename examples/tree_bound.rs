@@ -16,8 +16,8 @@ use specdec::cache::RotatingStrategy;
 use specdec::experiment::{encode_prompt, load_prompts, ChatTemplate, ExperimentConfig};
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, draft_ranks, full_tree_steps, GammaPolicy, GenParams, LanguageModel,
-    SamplingParams,
+    draft_ranks, full_tree_steps, generate, CachedSequence, Drafting, GammaPolicy, GenParams,
+    LanguageModel, SamplingParams,
 };
 
 const WIDTHS: [usize; 6] = [1, 2, 3, 4, 6, 8];
@@ -57,9 +57,17 @@ fn main() -> anyhow::Result<()> {
     let mut within = [0usize; WIDTHS.len()];
     for p in load_prompts(&config.dataset)? {
         let prompt = encode_prompt(&tokenizer, &p, template.as_ref())?;
-        let mut cache = target.new_cache(RotatingStrategy::Staged)?;
+        let mut seq = CachedSequence::new(target.new_cache(RotatingStrategy::Staged)?);
         let mut rng = StdRng::seed_from_u64(config.seed);
-        let output = autoregressive(&target, &mut cache, &prompt, &params, &mut rng)?.output_ids;
+        let output = generate(
+            &target,
+            &mut seq,
+            &prompt,
+            &params,
+            Drafting::None,
+            &mut rng,
+        )?
+        .output_ids;
         let ranks = draft_ranks(&draft, &prompt, &output)?;
         tokens += output.len().saturating_sub(1);
         for (i, &w) in WIDTHS.iter().enumerate() {

@@ -5,16 +5,18 @@
 //! one (the Gemma 3 fixture: 5 sliding layers of window 8, 1 global), both rotating
 //! strategies, autoregressive, chain-speculative and tree-speculative (draft model and n-gram
 //! drafters), turns 1 and 2. Two conversations share a system text longer than every window.
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, PrefixStore, RotatingStrategy};
 use specdec::models::{LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, autoregressive_continue, speculative_continue, speculative_tree_continue,
-    CachedSequence, Drafter, GammaPolicy, GenParams, GenerationRecord, ModelDrafter, NgramDrafter,
-    ResidualRule, SamplingParams, TreeParams,
+    generate, CachedSequence, Drafter, Drafting, GammaPolicy, GenParams, GenerationRecord,
+    ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
 fn load(rel: &str) -> Arc<Model> {
@@ -75,11 +77,17 @@ fn run(
     let mut rng = StdRng::seed_from_u64(0);
     match method {
         Method::Autoregressive => {
-            autoregressive_continue(target, seq, prompt, &greedy(1), &mut rng).unwrap()
+            generate(target, seq, prompt, &greedy(1), Drafting::None, &mut rng).unwrap()
         }
-        Method::Speculative(d) => {
-            speculative_continue(target, seq, d.as_mut(), prompt, &greedy(3), &mut rng).unwrap()
-        }
+        Method::Speculative(d) => generate(
+            target,
+            seq,
+            prompt,
+            &greedy(3),
+            Drafting::chain(d.as_mut()),
+            &mut rng,
+        )
+        .unwrap(),
         Method::Tree(d) => {
             let tree = TreeParams {
                 width: 2,
@@ -87,8 +95,15 @@ fn run(
                 residual: ResidualRule::Exact,
             };
             let params = greedy(3);
-            speculative_tree_continue(target, seq, d.as_mut(), prompt, &params, &tree, &mut rng)
-                .unwrap()
+            generate(
+                target,
+                seq,
+                prompt,
+                &params,
+                Drafting::tree(d.as_mut(), tree),
+                &mut rng,
+            )
+            .unwrap()
         }
     }
 }
@@ -100,9 +115,25 @@ fn reference(target: &Model, strategy: RotatingStrategy, script: &Script) -> Vec
     for [q1, q2] in &script.questions {
         let p1 = [script.system.as_slice(), q1].concat();
         let mut rng = StdRng::seed_from_u64(0);
-        let a1 = autoregressive(target, &mut cache, &p1, &greedy(1), &mut rng).unwrap();
+        let a1 = fresh(
+            target,
+            &mut cache,
+            &p1,
+            &greedy(1),
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap();
         let p2 = [p1.as_slice(), &a1.output_ids, q2].concat();
-        let a2 = autoregressive(target, &mut cache, &p2, &greedy(1), &mut rng).unwrap();
+        let a2 = fresh(
+            target,
+            &mut cache,
+            &p2,
+            &greedy(1),
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap();
         outputs.extend([a1.output_ids, a2.output_ids]);
     }
     outputs

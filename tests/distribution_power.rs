@@ -14,8 +14,8 @@ use distribution::{exact_sequences, judge, observe, oracle_probs, Judgement, Set
 use rand::{rngs::StdRng, Rng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
-    Draft, Drafter, GammaPolicy, GenParams, Lossless, ModelDrafter, SamplingParams, Verdict,
-    Verifier,
+    Draft, DraftBlock, DraftRequest, Drafter, GammaPolicy, GenParams, Lossless, ModelDrafter,
+    SamplingParams, Verdict, Verifier,
 };
 
 const VOCAB: usize = 3;
@@ -252,13 +252,13 @@ struct Proposal {
 }
 
 impl Draft for Proposal {
-    fn tokens(&self) -> &[u32] {
-        &self.tokens
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Chain {
+            tokens: &self.tokens,
+            probs: Some(&self.probs),
+        }
     }
-    fn probs(&self) -> Option<&[Vec<f32>]> {
-        Some(&self.probs)
-    }
-    fn finish(self: Box<Self>, _accepted: usize) -> specdec::Result<()> {
+    fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> specdec::Result<()> {
         Ok(())
     }
 }
@@ -273,10 +273,10 @@ impl Drafter for Thresholded {
     fn propose<'a>(
         &'a mut self,
         context: &[u32],
-        max: usize,
-        sampling: &SamplingParams,
+        request: &DraftRequest,
         rng: &mut StdRng,
     ) -> specdec::Result<Box<dyn Draft + 'a>> {
+        let (max, sampling) = (request.chain_len(), &request.sampling);
         let mut ctx = context.to_vec();
         let mut out = Proposal {
             tokens: Vec::new(),

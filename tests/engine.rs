@@ -8,13 +8,14 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use candle_core::Tensor;
+use common::run::fresh;
 use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::nn::DeviceTokens;
 use specdec::speculative::{
-    autoregressive, speculative, Drafter, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
-    ModelDrafter, NgramDrafter, SamplingParams, StopReason,
+    Drafter, Drafting, GammaPolicy, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
+    NgramDrafter, SamplingParams, StopReason,
 };
 
 const VOCAB: usize = 40;
@@ -36,11 +37,12 @@ fn run_ar(
     seed: u64,
 ) -> GenerationRecord {
     let mut cache = target.new_cache(strategy).unwrap();
-    autoregressive(
+    fresh(
         target,
         &mut cache,
         prompt,
         p,
+        Drafting::None,
         &mut StdRng::seed_from_u64(seed),
     )
     .unwrap()
@@ -55,12 +57,12 @@ fn run_spec(
     seed: u64,
 ) -> GenerationRecord {
     let mut cache = target.new_cache(strategy).unwrap();
-    speculative(
+    fresh(
         target,
         &mut cache,
-        drafter,
         prompt,
         p,
+        Drafting::chain(drafter),
         &mut StdRng::seed_from_u64(seed),
     )
     .unwrap()
@@ -344,7 +346,15 @@ fn greedy_model_drafts_are_verified_on_the_device() {
         let greedy = params(50, GammaPolicy::Fixed(4), SamplingParams::greedy());
         let mut cache = target.new_cache(strategy).unwrap();
         let mut rng = StdRng::seed_from_u64(0);
-        let ar = autoregressive(&target, &mut cache, &[3, 1, 4], &greedy, &mut rng).unwrap();
+        let ar = fresh(
+            &target,
+            &mut cache,
+            &[3, 1, 4],
+            &greedy,
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap();
         let sampled = params(
             50,
             GammaPolicy::Fixed(4),
@@ -383,12 +393,12 @@ fn greedy_model_drafts_are_verified_on_the_device() {
             target.device.set(0);
             let mut cache = target.new_cache(strategy).unwrap();
             let mut rng = StdRng::seed_from_u64(0);
-            let sp = speculative(
+            let sp = fresh(
                 &target,
                 &mut cache,
-                drafter.as_mut(),
                 &[3, 1, 4],
                 p,
+                Drafting::chain(drafter.as_mut()),
                 &mut rng,
             )
             .unwrap();

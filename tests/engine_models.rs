@@ -4,19 +4,21 @@
 //! for every drafter, γ ∈ {1, 2, 4, 8} and rotating strategy, generating far past the window;
 //! the trained draft is useful; and its greedy drafts chained on the device are the drafts
 //! read back step by step.
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, Model};
 use specdec::speculative::{
-    autoregressive, speculative, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter,
-    NgramDrafter, SamplingParams,
+    Drafter, Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
+    SamplingParams,
 };
 
-#[path = "common/device.rs"]
-mod device;
+use common::device;
 
 fn load(name: &str) -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -58,19 +60,27 @@ fn greedy_speculative_equals_autoregressive_on_the_trained_pair() {
             let mut cache = target.new_cache(strategy).unwrap();
             let mut rng = StdRng::seed_from_u64(0);
             // 160 new tokens: well past the 64-token window.
-            let ar = autoregressive(&target, &mut cache, p, &greedy(160, 1), &mut rng).unwrap();
+            let ar = fresh(
+                &target,
+                &mut cache,
+                p,
+                &greedy(160, 1),
+                Drafting::None,
+                &mut rng,
+            )
+            .unwrap();
             for gamma in [1, 2, 4, 8] {
                 let drafters: Vec<Box<dyn Drafter>> = vec![
                     Box::new(ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap()),
                     Box::new(NgramDrafter::new("ngram", 1, 3).unwrap()),
                 ];
                 for mut d in drafters {
-                    let sp = speculative(
+                    let sp = fresh(
                         &target,
                         &mut cache,
-                        d.as_mut(),
                         p,
                         &greedy(160, gamma),
+                        Drafting::chain(d.as_mut()),
                         &mut rng,
                     )
                     .unwrap();
@@ -117,12 +127,12 @@ fn drafts_chained_on_the_device_equal_drafts_read_back_each_step() {
             let mut drafter =
                 ModelDrafter::new("draft", draft.clone(), strategy, confidence).unwrap();
             let mut rng = StdRng::seed_from_u64(0);
-            speculative(
+            fresh(
                 &target,
                 &mut cache,
-                &mut drafter,
                 &p,
                 &greedy(96, gamma),
+                Drafting::chain(&mut drafter),
                 &mut rng,
             )
             .unwrap()

@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 mod common;
 
+use common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, speculative, speculative_tree, Drafter, GammaPolicy, GenParams, LanguageModel,
-    ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+    Drafter, Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
+    ResidualRule, SamplingParams, TreeParams,
 };
 
 fn load(name: &str) -> Model {
@@ -70,7 +71,15 @@ fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
         let mut cache = target.new_cache(strategy).unwrap();
         let mut rng = StdRng::seed_from_u64(0);
         // 160 new tokens: well past the 64-token window.
-        let ar = autoregressive(&target, &mut cache, &p, &greedy(160, 1), &mut rng).unwrap();
+        let ar = fresh(
+            &target,
+            &mut cache,
+            &p,
+            &greedy(160, 1),
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap();
         for (gamma, width, budget) in SHAPES {
             let drafters: Vec<Box<dyn Drafter>> = vec![
                 Box::new(ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap()),
@@ -82,13 +91,12 @@ fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
             for mut d in drafters {
                 let params = greedy(160, gamma);
                 let shape = tree(width, budget);
-                let sp = speculative_tree(
+                let sp = fresh(
                     &target,
                     &mut cache,
-                    d.as_mut(),
                     &p,
                     &params,
-                    &shape,
+                    Drafting::tree(d.as_mut(), shape),
                     &mut rng,
                 )
                 .unwrap();
@@ -120,14 +128,21 @@ fn width_one_is_the_chain(confidence: Option<f32>) {
     let mut rng = StdRng::seed_from_u64(0);
     let mut d = ModelDrafter::new("draft", draft, strategy, confidence).unwrap();
     let params = greedy(120, 4);
-    let chain = speculative(&target, &mut cache, &mut d, &p, &params, &mut rng).unwrap();
-    let as_tree = speculative_tree(
+    let chain = fresh(
         &target,
         &mut cache,
-        &mut d,
         &p,
         &params,
-        &TreeParams::chain(4),
+        Drafting::chain(&mut d),
+        &mut rng,
+    )
+    .unwrap();
+    let as_tree = fresh(
+        &target,
+        &mut cache,
+        &p,
+        &params,
+        Drafting::tree(&mut d, TreeParams::chain_of(4)),
         &mut rng,
     )
     .unwrap();
@@ -156,28 +171,41 @@ fn an_eos_inside_an_accepted_path_ends_the_generation() {
         let reference = toy();
         let mut cache = reference.new_cache(RotatingStrategy::Staged).unwrap();
         let mut rng = StdRng::seed_from_u64(0);
-        let full = autoregressive(&reference, &mut cache, &[4, 2], &greedy(40, 1), &mut rng)
-            .unwrap()
-            .output_ids;
+        let full = fresh(
+            &reference,
+            &mut cache,
+            &[4, 2],
+            &greedy(40, 1),
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap()
+        .output_ids;
         for &eos in full.iter().take(10) {
             let target = toy().with_eos(vec![eos]);
             let twin = Arc::new(toy());
             let mut cache = target.new_cache(RotatingStrategy::Staged).unwrap();
-            let ar =
-                autoregressive(&target, &mut cache, &[4, 2], &greedy(40, 1), &mut rng).unwrap();
+            let ar = fresh(
+                &target,
+                &mut cache,
+                &[4, 2],
+                &greedy(40, 1),
+                Drafting::None,
+                &mut rng,
+            )
+            .unwrap();
             for strategy in [
                 RotatingStrategy::Staged,
                 RotatingStrategy::Slack { max_draft: 12 },
             ] {
                 let mut cache = target.new_cache(strategy).unwrap();
                 let mut d = ModelDrafter::new("twin", twin.clone(), strategy, None).unwrap();
-                let sp = speculative_tree(
+                let sp = fresh(
                     &target,
                     &mut cache,
-                    &mut d,
                     &[4, 2],
                     &greedy(40, 6),
-                    &tree(2, 12),
+                    Drafting::tree(&mut d, tree(2, 12)),
                     &mut rng,
                 )
                 .unwrap_or_else(|e| panic!("eos {eos}, {strategy:?}: {e}"));

@@ -13,12 +13,13 @@ mod distribution;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use common::run::fresh;
 use common::Toy;
 use distribution::{exact_sequences, judge, Judgement};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
-    speculative_tree, Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
+    Drafter, Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
     ResidualRule, SamplingParams, TreeParams,
 };
 
@@ -71,13 +72,12 @@ fn sample_runs(
     let (mut accepted, mut proposed) = (0, 0);
     for seed in 0..RUNS as u64 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let r = speculative_tree(
+        let r = fresh(
             &target,
             &mut cache,
-            case.drafter,
             case.prompt,
             &params,
-            &tree,
+            Drafting::tree(case.drafter, tree),
             &mut rng,
         )
         .unwrap();
@@ -218,13 +218,12 @@ fn a_confidence_threshold_keeps_the_target_distribution() {
         let mut depths = [0usize; 3];
         for seed in 0..200 {
             let mut rng = StdRng::seed_from_u64(seed);
-            let r = speculative_tree(
+            let r = fresh(
                 &target,
                 &mut cache,
-                &mut drafter,
                 &PROMPT,
                 &params,
-                &tree(ResidualRule::Exact),
+                Drafting::tree(&mut drafter, tree(ResidualRule::Exact)),
                 &mut rng,
             )
             .unwrap();

@@ -5,12 +5,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::run::fresh;
 use common::Toy;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
-    autoregressive, speculative, Drafter, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
-    OracleDrafter, ReferenceStore, SamplingParams,
+    Drafter, Drafting, GammaPolicy, GenParams, GenerationRecord, LanguageModel, OracleDrafter,
+    ReferenceStore, SamplingParams,
 };
 
 const VOCAB: usize = 24;
@@ -43,14 +44,29 @@ fn run_oracle(
     drafter.prepare(prompt, p.max_new_tokens).unwrap();
     let mut cache = target.new_cache(STRATEGY).unwrap();
     let mut rng = StdRng::seed_from_u64(seed);
-    speculative(target.as_ref(), &mut cache, drafter, prompt, p, &mut rng).unwrap()
+    fresh(
+        target.as_ref(),
+        &mut cache,
+        prompt,
+        p,
+        Drafting::chain(drafter),
+        &mut rng,
+    )
+    .unwrap()
 }
 
 fn run_ar(target: &Toy, prompt: &[u32], p: &GenParams) -> Vec<u32> {
     let mut cache = target.new_cache(STRATEGY).unwrap();
-    autoregressive(target, &mut cache, prompt, p, &mut StdRng::seed_from_u64(0))
-        .unwrap()
-        .output_ids
+    fresh(
+        target,
+        &mut cache,
+        prompt,
+        p,
+        Drafting::None,
+        &mut StdRng::seed_from_u64(0),
+    )
+    .unwrap()
+    .output_ids
 }
 
 /// Per-token acceptance estimated from chain verification: every accepted draft is a success
@@ -182,12 +198,12 @@ fn oracle_refuses_sampling_and_bad_alpha() {
     };
     oracle.prepare(&prompt(1), 10).unwrap();
     let mut cache = target.new_cache(STRATEGY).unwrap();
-    let err = speculative(
+    let err = fresh(
         target.as_ref(),
         &mut cache,
-        &mut oracle,
         &prompt(1),
         &p,
+        Drafting::chain(&mut oracle),
         &mut StdRng::seed_from_u64(1),
     )
     .unwrap_err()

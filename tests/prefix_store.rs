@@ -14,8 +14,8 @@ use specdec::cache::{
     KvCache, LayerCache, ModelCache, PrefixStore, RotatingKvCache, RotatingStrategy,
 };
 use specdec::speculative::{
-    autoregressive_continue, speculative_continue, CachedSequence, GammaPolicy, GenParams,
-    LanguageModel, NgramDrafter, SamplingParams,
+    generate, CachedSequence, Drafting, GammaPolicy, GenParams, LanguageModel, NgramDrafter,
+    SamplingParams,
 };
 
 const VOCAB: usize = 4;
@@ -252,9 +252,16 @@ fn run_ops(ops: &[Op], budget: usize, checkpoint_every: usize) {
                     let (c, p) = (&conversation, &greedy(*n));
                     let out = if *spec {
                         let mut lookup = NgramDrafter::new("lookup", 1, 3).unwrap();
-                        speculative_continue(&model, &mut seq, &mut lookup, c, p, &mut rng)
+                        generate(
+                            &model,
+                            &mut seq,
+                            c,
+                            p,
+                            Drafting::chain(&mut lookup),
+                            &mut rng,
+                        )
                     } else {
-                        autoregressive_continue(&model, &mut seq, c, p, &mut rng)
+                        generate(&model, &mut seq, c, p, Drafting::None, &mut rng)
                     }
                     .unwrap();
                     conversation.extend(&out.output_ids);

@@ -2,15 +2,18 @@
 //! one teacher-forced draft pass, it predicts exactly the verification steps of the chain
 //! (width 1) and of the full binary tree (width 2 at γ = 4: 2, 4, 8 and 16 nodes per level,
 //! budget 30), and no width-2 tree under a smaller budget needs fewer steps.
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{
-    autoregressive, draft_ranks, full_tree_steps, speculative_tree, GammaPolicy, GenParams,
-    ModelDrafter, ResidualRule, SamplingParams, TreeParams,
+    draft_ranks, full_tree_steps, Drafting, GammaPolicy, GenParams, ModelDrafter, ResidualRule,
+    SamplingParams, TreeParams,
 };
 
 fn load(name: &str) -> Model {
@@ -38,7 +41,15 @@ fn the_full_tree_bound_matches_decoding_on_the_trained_pair() {
     let strategy = RotatingStrategy::Staged;
     let mut cache = target.new_cache(strategy).unwrap();
     let mut rng = StdRng::seed_from_u64(0);
-    let ar = autoregressive(&target, &mut cache, &p, &params(1), &mut rng).unwrap();
+    let ar = fresh(
+        &target,
+        &mut cache,
+        &p,
+        &params(1),
+        Drafting::None,
+        &mut rng,
+    )
+    .unwrap();
     let ranks = draft_ranks(draft.as_ref(), &p, &ar.output_ids).unwrap();
     let mut steps = |width, budget| {
         let mut d = ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap();
@@ -47,13 +58,12 @@ fn the_full_tree_bound_matches_decoding_on_the_trained_pair() {
             budget,
             residual: ResidualRule::Exact,
         };
-        let r = speculative_tree(
+        let r = fresh(
             &target,
             &mut cache,
-            &mut d,
             &p,
             &params(gamma),
-            &tree,
+            Drafting::tree(&mut d, tree),
             &mut rng,
         )
         .unwrap();

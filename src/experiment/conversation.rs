@@ -10,8 +10,8 @@ use super::sweep::SweepPoint;
 use crate::cache::{PrefixStore, RotatingStrategy};
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive_continue, speculative_continue, speculative_tree_continue, CachedSequence,
-    Drafter, GenParams, GenerationRecord, LanguageModel, ResidualRule, TreeParams,
+    generate, CachedSequence, Drafter, Drafting, GenParams, GenerationRecord, LanguageModel,
+    ResidualRule, TreeParams,
 };
 
 /// Later turns of conversations (`[dataset] turns = "all"`).
@@ -101,9 +101,14 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             let mut rng = StdRng::seed_from_u64(seed);
             let target = self.target.as_ref();
             let generation = match run.drafter.as_deref_mut() {
-                None => {
-                    autoregressive_continue(target, &mut run.seq, &tokens, &run.params, &mut rng)
-                }
+                None => generate(
+                    target,
+                    &mut run.seq,
+                    &tokens,
+                    &run.params,
+                    Drafting::None,
+                    &mut rng,
+                ),
                 // `prepare` is the drafter's untimed per-prompt setup (the oracle's reference).
                 Some(d) => d
                     .prepare(&tokens, run.params.max_new_tokens)
@@ -144,7 +149,7 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     }
 }
 
-/// One speculative generation at `point`: the chain loop, or the tree loop for tree points.
+/// One speculative generation at `point`: chains, or trees for tree points.
 fn speculate<M: LanguageModel>(
     target: &M,
     point: &SweepPoint,
@@ -154,13 +159,21 @@ fn speculate<M: LanguageModel>(
     params: &GenParams,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    if !point.is_tree() {
-        return speculative_continue(target, seq, drafter, tokens, params, rng);
-    }
-    let tree = TreeParams {
-        width: point.tree_width,
-        budget: point.tree_budget.unwrap_or(1),
-        residual: ResidualRule::Exact,
+    let tree = if point.is_tree() {
+        TreeParams {
+            width: point.tree_width,
+            budget: point.tree_budget.unwrap_or(1),
+            residual: ResidualRule::Exact,
+        }
+    } else {
+        TreeParams::chain()
     };
-    speculative_tree_continue(target, seq, drafter, tokens, params, &tree, rng)
+    generate(
+        target,
+        seq,
+        tokens,
+        params,
+        Drafting::tree(drafter, tree),
+        rng,
+    )
 }

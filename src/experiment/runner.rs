@@ -12,8 +12,8 @@ use super::schedule::{schedule, turn_ends};
 use super::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::error::{Error, Result};
 use crate::speculative::{
-    autoregressive, Drafter, GenParams, GenerationRecord, LanguageModel, ModelDrafter,
-    NgramDrafter, OracleDrafter, ReferenceStore, SamplingParams,
+    generate, CachedSequence, Drafter, Drafting, GenParams, GenerationRecord, LanguageModel,
+    ModelDrafter, NgramDrafter, OracleDrafter, ReferenceStore, SamplingParams,
 };
 
 /// How one named drafter is built for each sweep point.
@@ -169,22 +169,24 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         };
         let strategy = rotating_strategy(CacheChoice::Staged, 1);
         let mut rng = StdRng::seed_from_u64(0);
-        let mut cache = self.target.new_cache(strategy)?;
-        autoregressive(
+        let mut seq = CachedSequence::new(self.target.new_cache(strategy)?);
+        generate(
             self.target.as_ref(),
-            &mut cache,
+            &mut seq,
             &prompt.tokens,
             &params,
+            Drafting::None,
             &mut rng,
         )?;
         for source in self.drafters.values() {
             if let DraftSource::Model { model, .. } = source {
-                let mut cache = model.new_cache(strategy)?;
-                autoregressive(
+                let mut seq = CachedSequence::new(model.new_cache(strategy)?);
+                generate(
                     model.as_ref(),
-                    &mut cache,
+                    &mut seq,
                     &prompt.tokens,
                     &params,
+                    Drafting::None,
                     &mut rng,
                 )?;
             }

@@ -1,67 +1,20 @@
-//! Autoregressive and chain-speculative decode loops.
+//! The decode entry point [`generate`] and its two loops: plain and speculative.
 use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use super::drafter::{Drafter, QueuedDraft, VerifyBlock};
-use super::metrics::{GenerationRecord, StopReason};
+use super::drafter::Drafter;
+use super::metrics::GenerationRecord;
+use super::params::GenParams;
 use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
-use super::verify::{greedy_verdict, Lossless, Verifier};
+use super::step::{speculative_step, Output, Step, StepRule};
+use super::tree::TreeParams;
+use super::verify::{Lossless, Verifier};
 use super::LanguageModel;
-use crate::cache::ModelCache;
 use crate::error::{Error, Result};
-use crate::nn::{DeviceTokens, QueueMark, StepIds};
-
-/// How many tokens to draft per step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GammaPolicy {
-    /// Always `γ`.
-    Fixed(usize),
-    /// Start at `start`; after a fully accepted step raise γ by 2, otherwise lower it by 1,
-    /// within `[min, max]` (the schedule of transformers' "heuristic" assistant).
-    Adaptive {
-        /// Lower bound.
-        min: usize,
-        /// Upper bound.
-        max: usize,
-        /// First γ.
-        start: usize,
-    },
-}
-
-impl GammaPolicy {
-    pub(super) fn first(&self) -> usize {
-        match *self {
-            GammaPolicy::Fixed(g) => g,
-            GammaPolicy::Adaptive { start, min, max } => start.clamp(min, max),
-        }
-    }
-
-    pub(super) fn next(&self, gamma: usize, proposed: usize, accepted: usize) -> usize {
-        match *self {
-            GammaPolicy::Fixed(g) => g,
-            GammaPolicy::Adaptive { min, max, .. } if proposed > 0 && accepted == proposed => {
-                (gamma + 2).clamp(min, max)
-            }
-            GammaPolicy::Adaptive { min, max, .. } => gamma.saturating_sub(1).clamp(min, max),
-        }
-    }
-}
-
-/// Settings of one generation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GenParams {
-    /// Most new tokens to produce.
-    pub max_new_tokens: usize,
-    /// Temperature, top-k, top-p, shared by target and draft.
-    pub sampling: SamplingParams,
-    /// Draft length per step (speculative decoding only).
-    pub gamma: GammaPolicy,
-    /// Stop at the model's end-of-sequence tokens.
-    pub stop_at_eos: bool,
-}
+use crate::nn::StepIds;
 
 /// Samples the token after the last row of `logits` (`[n, vocab]`).
 pub(super) fn next_token(
@@ -75,39 +28,6 @@ pub(super) fn next_token(
     }
     let probs = sampling.probs(&last.to_dtype(DType::F32)?.to_vec1::<f32>()?);
     Ok(sample(&probs, rng) as u32)
-}
-
-/// Appends generated tokens one by one, stopping exactly at EOS or `max_new_tokens`.
-pub(super) struct Output<'a> {
-    pub(super) record: GenerationRecord,
-    params: &'a GenParams,
-    eos: &'a [u32],
-}
-
-impl Output<'_> {
-    /// Pushes `token`; returns true when the generation must stop.
-    pub(super) fn push(&mut self, token: u32) -> bool {
-        self.record.output_ids.push(token);
-        if self.params.stop_at_eos && self.eos.contains(&token) {
-            self.record.stop_reason = Some(StopReason::Eos);
-        } else if self.record.output_ids.len() >= self.params.max_new_tokens {
-            self.record.stop_reason = Some(StopReason::MaxTokens);
-        }
-        self.record.stop_reason.is_some()
-    }
-
-    /// How many of `tokens` [`Output::push`] would take before the generation stops (all of
-    /// them when it does not stop).
-    pub(super) fn takes(&self, tokens: &[u32]) -> usize {
-        let room = self.params.max_new_tokens - self.record.output_ids.len();
-        let eos = tokens
-            .iter()
-            .position(|t| self.params.stop_at_eos && self.eos.contains(t));
-        tokens
-            .len()
-            .min(room)
-            .min(eos.map_or(usize::MAX, |e| e + 1))
-    }
 }
 
 /// Checks the input, brings the sequence's cache to the state after `prompt` (reusing what
@@ -142,30 +62,74 @@ pub(super) fn prefill<'a, M: LanguageModel>(
     Ok((out, first))
 }
 
-/// Runs `f` on `cache` wrapped in a fresh [`CachedSequence`] (so the cache is reset first).
-pub(super) fn fresh_sequence<T>(
-    cache: &mut ModelCache,
-    f: impl FnOnce(&mut CachedSequence) -> Result<T>,
-) -> Result<T> {
-    let taken = std::mem::replace(cache, ModelCache::new(Vec::new()));
-    let mut seq = CachedSequence::new(taken);
-    let result = f(&mut seq);
-    *cache = seq.into_cache();
-    result
+/// How a generation finds its tokens.
+pub enum Drafting<'a> {
+    /// Plain decoding: one target forward per new token. The baseline every speedup is
+    /// measured against.
+    None,
+    /// Speculation: per step `drafter` proposes a tree of depth ≤ γ shaped by `tree` (width
+    /// 1: a chain), the target verifies `[last, drafts…]` in ONE forward inside a
+    /// speculation, and the accepted path plus one target token are committed.
+    Speculative {
+        /// Proposes the drafts.
+        drafter: &'a mut dyn Drafter,
+        /// The drafts' shape.
+        tree: TreeParams,
+        /// Decides the accepted chain ([`Lossless`]; tests plug in deliberately wrong ones
+        /// to show the distribution tests catch them). Trees are verified by
+        /// [`super::verify_tree`].
+        verifier: &'a dyn Verifier,
+    },
 }
 
-/// Plain decoding: one target forward per new token. The baseline every speedup is
-/// measured against; `cache` is reset first.
-pub fn autoregressive<M: LanguageModel>(
+impl<'a> Drafting<'a> {
+    /// Lossless chain speculation with `drafter`.
+    pub fn chain(drafter: &'a mut dyn Drafter) -> Self {
+        Self::tree(drafter, TreeParams::chain())
+    }
+
+    /// Lossless speculation with `drafter` drafting trees shaped by `tree`.
+    pub fn tree(drafter: &'a mut dyn Drafter, tree: TreeParams) -> Self {
+        Drafting::Speculative {
+            drafter,
+            tree,
+            verifier: &Lossless,
+        }
+    }
+}
+
+/// Generates up to `params.max_new_tokens` tokens after `prompt` (the whole conversation
+/// so far): the one decode entry point. Continues from what `seq` and the drafter hold:
+/// only the part of `prompt` that the cache or the prefix store lacks is prefilled (by the
+/// target and by a draft model); call [`CachedSequence::reset`] and [`Drafter::reset`]
+/// first for a fresh start. Afterwards `seq` holds every committed token but the last.
+///
+/// Greedy speculative output equals greedy plain output token for token; sampled
+/// speculative output follows the target's distribution.
+pub fn generate<M: LanguageModel>(
     target: &M,
-    cache: &mut ModelCache,
+    seq: &mut CachedSequence,
     prompt: &[u32],
     params: &GenParams,
+    drafting: Drafting<'_>,
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
-    fresh_sequence(cache, |seq| {
-        autoregressive_continue(target, seq, prompt, params, rng)
-    })
+    match drafting {
+        Drafting::None => autoregressive(target, seq, prompt, params, rng),
+        Drafting::Speculative {
+            drafter,
+            tree,
+            verifier,
+        } => {
+            tree.check()?;
+            let step = StepRule {
+                tree,
+                verifier,
+                params,
+            };
+            speculative(target, seq, drafter, prompt, &step, rng)
+        }
+    }
 }
 
 /// The drafter's own pass over the prompt, booked as prefill (time to first token), not as
@@ -183,10 +147,8 @@ pub(super) fn prefill_drafter(
     Ok(())
 }
 
-/// [`autoregressive`] continuing from what `seq` holds: only the part of `prompt` (the whole
-/// conversation so far) that the cache or the prefix store lacks is prefilled. Afterwards
-/// `seq` holds every committed token but the last.
-pub fn autoregressive_continue<M: LanguageModel>(
+/// Plain decoding: one target forward per new token (see [`Drafting::None`]).
+fn autoregressive<M: LanguageModel>(
     target: &M,
     seq: &mut CachedSequence,
     prompt: &[u32],
@@ -214,221 +176,19 @@ pub fn autoregressive_continue<M: LanguageModel>(
     Ok(out.record)
 }
 
-/// Chain speculative decoding: per step the drafter proposes up to γ tokens, the target
-/// verifies `[last, d1..dγ]` in one forward inside a speculation, and the accepted prefix
-/// plus one target token are committed. Greedy output equals [`autoregressive`]'s token for
-/// token; sampled output follows the target's distribution. `cache` and the drafter are
-/// reset first.
-pub fn speculative<M: LanguageModel>(
-    target: &M,
-    cache: &mut ModelCache,
-    drafter: &mut dyn Drafter,
-    prompt: &[u32],
-    params: &GenParams,
-    rng: &mut StdRng,
-) -> Result<GenerationRecord> {
-    speculative_with(target, cache, drafter, &Lossless, prompt, params, rng)
-}
-
-/// [`speculative`] with the verification step supplied by the caller (tests plug in
-/// deliberately wrong verifiers to show the distribution tests catch them).
-pub fn speculative_with<M: LanguageModel>(
-    target: &M,
-    cache: &mut ModelCache,
-    drafter: &mut dyn Drafter,
-    verifier: &dyn Verifier,
-    prompt: &[u32],
-    params: &GenParams,
-    rng: &mut StdRng,
-) -> Result<GenerationRecord> {
-    drafter.reset()?;
-    fresh_sequence(cache, |seq| {
-        speculative_continue_with(target, seq, drafter, verifier, prompt, params, rng)
-    })
-}
-
-/// [`speculative`] continuing from what `seq` and the drafter hold (neither is reset): only
-/// the new part of `prompt` is prefilled, by the target and by a draft model. Afterwards
-/// `seq` holds every committed token but the last.
-pub fn speculative_continue<M: LanguageModel>(
-    target: &M,
-    seq: &mut CachedSequence,
-    drafter: &mut dyn Drafter,
-    prompt: &[u32],
-    params: &GenParams,
-    rng: &mut StdRng,
-) -> Result<GenerationRecord> {
-    speculative_continue_with(target, seq, drafter, &Lossless, prompt, params, rng)
-}
-
-/// [`speculative_continue`] with the caller's verification step.
-fn speculative_continue_with<M: LanguageModel>(
-    target: &M,
-    seq: &mut CachedSequence,
-    drafter: &mut dyn Drafter,
-    verifier: &dyn Verifier,
-    prompt: &[u32],
-    params: &GenParams,
-    rng: &mut StdRng,
-) -> Result<GenerationRecord> {
-    speculative_loop(target, seq, drafter, prompt, params, rng, |step| {
-        let t_draft = Instant::now();
-        if params.sampling.is_greedy() && verifier.greedy_is_argmax() && queued_verification() {
-            if let Some(draft) =
-                step.drafter
-                    .propose_queued(step.context, step.max_drafts, step.rng)?
-            {
-                return verify_queued(target, step.seq, step.out, draft, t_draft);
-            }
-        }
-        let draft =
-            step.drafter
-                .propose(step.context, step.max_drafts, &params.sampling, step.rng)?;
-        let drafts = draft.tokens().to_vec();
-        step.out.record.draft_s += t_draft.elapsed().as_secs_f64();
-
-        let t_verify = Instant::now();
-        let mut input = Vec::with_capacity(drafts.len() + 1);
-        input.extend(step.context.last().copied());
-        input.extend_from_slice(&drafts);
-        let mut spec = step.seq.cache_mut().speculate()?;
-        let logits = target.forward(&input, spec.cache())?;
-        step.out.record.target_forwards += 1;
-        let verdict =
-            verifier.verify(&logits, &drafts, draft.probs(), &params.sampling, step.rng)?;
-        let mut tokens = drafts[..verdict.accepted].to_vec();
-        tokens.push(verdict.next);
-        spec.commit(step.out.takes(&tokens))?;
-        step.out.record.verify_s += t_verify.elapsed().as_secs_f64();
-
-        let t_finish = Instant::now();
-        draft.finish(verdict.accepted)?;
-        step.out.record.draft_s += t_finish.elapsed().as_secs_f64();
-        Ok(StepOutcome {
-            tokens,
-            proposed: drafts.len(),
-            accepted: verdict.accepted,
-        })
-    })
-}
-
-/// Whether greedy steps may verify a [`QueuedDraft`] ([`verify_queued`]): yes unless
-/// `SPECDEC_QUEUED_VERIFY=0` (read once; for comparisons in one build — the drafts are then
-/// read back before the verification is queued, two round trips a step).
-fn queued_verification() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_QUEUED_VERIFY").map_or(true, |v| v != "0"))
-}
-
-/// A greedy step whose proposal's device work was queued, not waited for: the target's
-/// verification of `[last, d1..dγ]` is queued behind it, each row's argmax is taken on the
-/// device, and one read-back brings the argmaxes (with the drafts, where they lie on the
-/// device) — the step's one device → host round trip; [`greedy_verdict`] then decides on the
-/// host. The same tokens and commits as the host path (the same argmax; see
-/// [`crate::nn::argmax_rows`]).
-///
-/// Booking: the host cannot see where the drafting ends on the device, so a [`QueueMark`]
-/// before and after the verification's device work splits the step: the verification is the
-/// device's time between them plus the host's acceptance test and commit, drafting the rest.
-fn verify_queued<M: LanguageModel>(
-    target: &M,
-    seq: &mut CachedSequence,
-    out: &mut Output<'_>,
-    draft: Box<dyn QueuedDraft + '_>,
-    t_step: Instant,
-) -> Result<StepOutcome> {
-    let check = |rows: usize| {
-        if rows < 2 {
-            return Err(Error::invalid(format!(
-                "a verification block holds the last token and at least one draft, got {rows} ids"
-            )));
-        }
-        Ok(())
-    };
-    let mut spec = seq.cache_mut().speculate()?;
-    let (marks, drafts, best) = match draft.block() {
-        VerifyBlock::Device(block) => {
-            check(block.len())?;
-            let device = block.ids().device();
-            let drafted = QueueMark::record(device)?;
-            let best = target.forward_argmax(StepIds::Device(block), spec.cache(), false)?;
-            let both = DeviceTokens::cat(&[block.clone(), best])?;
-            let verified = QueueMark::record(device)?;
-            let mut both = both.to_vec()?;
-            let best = both.split_off(block.len());
-            both.remove(0);
-            ((drafted, verified), both, best)
-        }
-        VerifyBlock::Host { ids, device } => {
-            check(ids.len())?;
-            let drafted = QueueMark::record(device)?;
-            let best = target.forward_argmax(StepIds::Host(ids), spec.cache(), false)?;
-            let verified = QueueMark::record(device)?;
-            ((drafted, verified), ids[1..].to_vec(), best.to_vec()?)
-        }
-    };
-    out.record.target_forwards += 1;
-    let read_s = t_step.elapsed().as_secs_f64();
-    let verify_device_s = marks.0.seconds_to(&marks.1)?.min(read_s);
-    out.record.draft_s += read_s - verify_device_s;
-
-    let t_verdict = Instant::now();
-    let verdict = greedy_verdict(&drafts, &best)?;
-    let mut tokens = drafts[..verdict.accepted].to_vec();
-    tokens.push(verdict.next);
-    spec.commit(out.takes(&tokens))?;
-    out.record.verify_s += verify_device_s + t_verdict.elapsed().as_secs_f64();
-
-    let t_finish = Instant::now();
-    draft.finish(&drafts, verdict.accepted)?;
-    out.record.draft_s += t_finish.elapsed().as_secs_f64();
-    Ok(StepOutcome {
-        tokens,
-        proposed: drafts.len(),
-        accepted: verdict.accepted,
-    })
-}
-
-/// What a speculative step hands its loop.
-pub(super) struct Step<'s, 'o> {
-    /// The target's cache and committed tokens (every committed token but the last).
-    pub(super) seq: &'s mut CachedSequence,
-    pub(super) drafter: &'s mut dyn Drafter,
-    /// Every committed token (prompt included).
-    pub(super) context: &'s [u32],
-    /// Most drafts (tree depth) the step may propose: γ, less near `max_new_tokens` (a step
-    /// yields at most that many + 1 tokens).
-    pub(super) max_drafts: usize,
-    /// The output, for timings and [`Output::takes`].
-    pub(super) out: &'s mut Output<'o>,
-    pub(super) rng: &'s mut StdRng,
-}
-
-/// What a speculative step did.
-pub(super) struct StepOutcome {
-    /// The tokens it outputs: the accepted drafts, then the target's token. The target's
-    /// cache must have kept the K/V of the first [`Output::takes`] of them but the last
-    /// (whose K/V the next step computes): fewer than all when an EOS among the accepted
-    /// drafts ends the generation, as the tokens after it are never output.
-    pub(super) tokens: Vec<u32>,
-    /// Drafts proposed (a tree's depth) and accepted (the accepted path's length).
-    pub(super) proposed: usize,
-    pub(super) accepted: usize,
-}
-
-/// The loop shared by chain and tree speculation: prefills the target and the drafter,
-/// then runs `step` (draft, verify in one target forward, commit) until EOS or
+/// Speculative decoding: prefills the target and the drafter, then runs
+/// [`speculative_step`] (draft, verify in one target forward, commit) until EOS or
 /// `max_new_tokens`, recording each step and adapting γ; afterwards `seq` holds every
 /// committed token but the last, and the record counts the drafter's forwards.
-pub(super) fn speculative_loop<M: LanguageModel>(
+fn speculative<M: LanguageModel>(
     target: &M,
     seq: &mut CachedSequence,
     drafter: &mut dyn Drafter,
     prompt: &[u32],
-    params: &GenParams,
+    rule: &StepRule<'_>,
     rng: &mut StdRng,
-    mut step: impl FnMut(Step<'_, '_>) -> Result<StepOutcome>,
 ) -> Result<GenerationRecord> {
+    let params = rule.params;
     let start = Instant::now();
     let draft_forwards = drafter.forwards();
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
@@ -439,14 +199,18 @@ pub(super) fn speculative_loop<M: LanguageModel>(
     let mut done = out.push(first);
     while !done {
         let remaining = params.max_new_tokens - out.record.output_ids.len();
-        let outcome = step(Step {
-            seq: &mut *seq,
-            drafter: &mut *drafter,
-            context: &context,
-            max_drafts: gamma.min(remaining - 1),
-            out: &mut out,
-            rng: &mut *rng,
-        })?;
+        let outcome = speculative_step(
+            target,
+            rule,
+            &mut *drafter,
+            Step {
+                seq: &mut *seq,
+                context: &context,
+                max_drafts: gamma.min(remaining - 1),
+                out: &mut out,
+                rng: &mut *rng,
+            },
+        )?;
         out.record.record_step(outcome.proposed, outcome.accepted);
         gamma = params.gamma.next(gamma, outcome.proposed, outcome.accepted);
         for token in outcome.tokens {

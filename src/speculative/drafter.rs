@@ -6,38 +6,44 @@ use rand::rngs::StdRng;
 
 use super::prefill::CachedSequence;
 use super::sampling::{argmax, sample, SamplingParams};
-use super::tree::{ChainTree, TreeDraft, TreeShape};
+use super::tree::{DraftTree, TreeShape};
 use super::LanguageModel;
 use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
 use crate::nn::{DeviceTokens, StepIds};
 
-/// A proposal of draft tokens. It may hold tentative drafter state (a draft model's cache
-/// transaction), so it borrows the drafter until [`Draft::finish`] consumes it.
+/// What the target verifies of a proposal: the tree below the last committed token (a chain
+/// is the tree of width 1), on the host or still on the device.
+#[derive(Clone, Copy, Debug)]
+pub enum DraftBlock<'a> {
+    /// Drafts `d1..dn` in order, each drawn from `probs[i]` (vocabulary-sized; `None`: the
+    /// drafts are deterministic, their `q` one-hot).
+    Chain {
+        /// The drafts.
+        tokens: &'a [u32],
+        /// The distribution each draft was drawn from.
+        probs: Option<&'a [Vec<f32>]>,
+    },
+    /// A token tree of width above 1 (its nodes' children's distributions inside).
+    Tree(&'a DraftTree),
+    /// A greedy chain whose drafter's device work is queued, not waited for: the engine
+    /// queues the verification behind it and reads the target's argmaxes (with the drafts,
+    /// where the host has not seen them) back once, one device → host round trip a step.
+    Queued(VerifyBlock<'a>),
+}
+
+/// A proposal. It may hold tentative drafter state (a draft model's cache transaction), so
+/// it borrows the drafter until [`Draft::finish`] consumes it.
 pub trait Draft {
-    /// The proposed tokens, in order.
-    fn tokens(&self) -> &[u32];
-    /// The distribution each token was sampled from (vocabulary-sized), or `None` when the
-    /// drafts are deterministic (their `q` is one-hot).
-    fn probs(&self) -> Option<&[Vec<f32>]>;
-    /// Told that the target accepted the first `accepted` tokens; keeps the matching state.
-    fn finish(self: Box<Self>, accepted: usize) -> Result<()>;
+    /// What the target verifies.
+    fn block(&self) -> DraftBlock<'_>;
+    /// Told the drafts as verified (the tree's nodes in order; a queued chain's as read back)
+    /// and the accepted root-to-node path (node indices; a chain's is `0..accepted`); keeps
+    /// the matching state.
+    fn finish(self: Box<Self>, drafts: &[u32], path: &[usize]) -> Result<()>;
 }
 
-/// A greedy proposal whose device work is queued, not waited for: the engine queues the
-/// verification behind it and reads the target's argmaxes (with the drafts, where the host
-/// has not seen them) back once — one device → host round trip a step (see
-/// [`Drafter::propose_queued`]). Borrows the drafter until [`QueuedDraft::finish`] consumes
-/// it, like a [`Draft`].
-pub trait QueuedDraft {
-    /// The verification block: the last committed token, then the n ≥ 1 drafts.
-    fn block(&self) -> VerifyBlock<'_>;
-    /// Told the drafts (as read back, or the host's) and that the target accepted the first
-    /// `accepted`; keeps the matching state.
-    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()>;
-}
-
-/// Where a [`QueuedDraft`]'s verification block `[last, d1..dn]` lies.
+/// Where a [`DraftBlock::Queued`] verification block `[last, d1..dn]` lies.
 #[derive(Clone, Copy, Debug)]
 pub enum VerifyBlock<'a> {
     /// On the target's device, unread: a draft model's argmaxes.
@@ -50,6 +56,30 @@ pub enum VerifyBlock<'a> {
         /// Where the drafter's forwards run (the target's device).
         device: &'a Device,
     },
+}
+
+/// What the engine asks of a drafter in one step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftRequest {
+    /// The tree's shape; width 1 asks for a chain of [`DraftRequest::chain_len`] drafts.
+    pub shape: TreeShape,
+    /// Temperature, top-k, top-p: the drafts' `q` must be built as the target's `p` is.
+    pub sampling: SamplingParams,
+    /// The engine takes a [`DraftBlock::Queued`] chain (greedy sampling, verified by the
+    /// target's argmax on the device; see [`crate::engine::EngineOptions::queued_verify`]).
+    pub queued: bool,
+}
+
+impl DraftRequest {
+    /// Whether a chain is asked for (width 1).
+    pub fn is_chain(&self) -> bool {
+        self.shape.width == 1
+    }
+
+    /// Most drafts of a chain: `min(depth, budget)`.
+    pub fn chain_len(&self) -> usize {
+        self.shape.depth.min(self.shape.budget)
+    }
 }
 
 /// Proposes continuations of a committed token sequence.
@@ -69,56 +99,40 @@ pub trait Drafter {
     fn prefill(&mut self, _prompt: &[u32]) -> Result<()> {
         Ok(())
     }
-    /// Proposes up to `max` tokens after `context` (every committed token, prompt included).
+    /// Proposes drafts after `context` (every committed token, prompt included, non-empty)
+    /// as `request` asks: a chain for width 1 (at most [`DraftRequest::chain_len`] tokens;
+    /// [`DraftBlock::Queued`] only where `request.queued` allows it), else a tree of
+    /// `request.shape` (a drafter without trees may answer with a chain). Under greedy
+    /// sampling a queued chain holds the tokens the host chain would.
     fn propose<'a>(
         &'a mut self,
         context: &[u32],
-        max: usize,
-        sampling: &SamplingParams,
+        request: &DraftRequest,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>>;
-    /// Greedy drafting without waiting for the drafter's device work: up to `max` tokens
-    /// after `context`, what [`Drafter::propose`] would propose under greedy sampling with
-    /// the same `rng`, or `None` where this drafter has no such path (the default: the engine
-    /// then calls `propose`, and nothing has been drawn from `rng`). Called under greedy
-    /// sampling only.
-    fn propose_queued<'a>(
-        &'a mut self,
-        _context: &[u32],
-        _max: usize,
-        _rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
-        Ok(None)
-    }
     /// Model forwards run since the last reset.
     fn forwards(&self) -> usize;
-    /// Proposes a token tree of `shape` after `context`. The default drafts a chain of
-    /// `min(depth, budget)` tokens with [`Drafter::propose`]: the tree of width 1.
-    fn propose_tree<'a>(
-        &'a mut self,
-        context: &[u32],
-        shape: TreeShape,
-        sampling: &SamplingParams,
-        rng: &mut StdRng,
-    ) -> Result<Box<dyn TreeDraft + 'a>> {
-        let max = shape.depth.min(shape.budget);
-        Ok(Box::new(ChainTree::new(
-            self.propose(context, max, sampling, rng)?,
-        )))
-    }
 }
 
-/// A fixed list of drafts with nothing tentative to keep.
-pub(crate) struct FixedDraft(pub Vec<u32>);
+/// Drafts with nothing tentative to keep (model-free drafters).
+pub(crate) enum FixedDraft {
+    /// A deterministic chain.
+    Chain(Vec<u32>),
+    /// A tree.
+    Tree(DraftTree),
+}
 
 impl Draft for FixedDraft {
-    fn tokens(&self) -> &[u32] {
-        &self.0
+    fn block(&self) -> DraftBlock<'_> {
+        match self {
+            FixedDraft::Chain(tokens) => DraftBlock::Chain {
+                tokens,
+                probs: None,
+            },
+            FixedDraft::Tree(tree) => DraftBlock::Tree(tree),
+        }
     }
-    fn probs(&self) -> Option<&[Vec<f32>]> {
-        None
-    }
-    fn finish(self: Box<Self>, _accepted: usize) -> Result<()> {
+    fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> Result<()> {
         Ok(())
     }
 }
@@ -317,7 +331,7 @@ fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
 }
 
 /// A draft model's greedy chain on the device, with its cache transaction: a
-/// [`QueuedDraft`].
+/// [`DraftBlock::Queued`] proposal.
 struct GreedyDraft<'a> {
     spec: Speculation<'a>,
     held: &'a mut Vec<u32>,
@@ -325,12 +339,12 @@ struct GreedyDraft<'a> {
     block: DeviceTokens,
 }
 
-impl QueuedDraft for GreedyDraft<'_> {
-    fn block(&self) -> VerifyBlock<'_> {
-        VerifyBlock::Device(&self.block)
+impl Draft for GreedyDraft<'_> {
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Queued(VerifyBlock::Device(&self.block))
     }
-    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
-        keep_accepted(self.spec, self.held, drafts, accepted)
+    fn finish(self: Box<Self>, drafts: &[u32], path: &[usize]) -> Result<()> {
+        keep_accepted(self.spec, self.held, drafts, path.len())
     }
 }
 
@@ -358,15 +372,15 @@ struct ModelDraft<'a> {
 }
 
 impl Draft for ModelDraft<'_> {
-    fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-    fn probs(&self) -> Option<&[Vec<f32>]> {
-        self.probs.as_deref()
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Chain {
+            tokens: &self.tokens,
+            probs: self.probs.as_deref(),
+        }
     }
     /// See [`keep_accepted`].
-    fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
-        keep_accepted(self.spec, self.held, &self.tokens, accepted)
+    fn finish(self: Box<Self>, _drafts: &[u32], path: &[usize]) -> Result<()> {
+        keep_accepted(self.spec, self.held, &self.tokens, path.len())
     }
 }
 
@@ -392,19 +406,46 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         Ok(())
     }
 
+    /// A chain (greedy on the device where it may, queued where asked), or an EAGLE-2-style
+    /// dynamic tree (see [`ModelDrafter::draft_tree`]) with the chain's confidence threshold.
     fn propose<'a>(
+        &'a mut self,
+        context: &[u32],
+        request: &DraftRequest,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        if !request.is_chain() {
+            return self.draft_tree(context, request.shape, &request.sampling, rng);
+        }
+        let max = request.chain_len();
+        if max == 0 || context.is_empty() {
+            return Ok(Box::new(FixedDraft::Chain(Vec::new())));
+        }
+        if request.sampling.is_greedy() && self.confidence.is_none() {
+            // Greedy drafts chained on the device: queued, or read back once.
+            if request.queued {
+                return Ok(Box::new(self.draft_greedy(context, max, true)?));
+            }
+            return self.propose_greedy(context, max);
+        }
+        self.propose_chain(context, max, &request.sampling, rng)
+    }
+
+    fn forwards(&self) -> usize {
+        self.forwards
+    }
+}
+
+impl<M: LanguageModel> ModelDrafter<M> {
+    /// A chain of at most `max` (≥ 1) drafts after `context` (non-empty), each drawn from the
+    /// draft's distribution (greedy: its argmax), read back one by one.
+    fn propose_chain<'a>(
         &'a mut self,
         context: &[u32],
         max: usize,
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
-        if max == 0 || context.is_empty() {
-            return Ok(Box::new(FixedDraft(Vec::new())));
-        }
-        if sampling.is_greedy() && self.confidence.is_none() {
-            return self.propose_greedy(context, max);
-        }
         let logits = self.sync(context)?;
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
@@ -438,35 +479,5 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
             tokens,
             probs,
         }))
-    }
-
-    fn forwards(&self) -> usize {
-        self.forwards
-    }
-
-    /// EAGLE-2-style dynamic tree (see [`ModelDrafter::draft_tree`]), with the chain's
-    /// confidence threshold.
-    fn propose_tree<'a>(
-        &'a mut self,
-        context: &[u32],
-        shape: TreeShape,
-        sampling: &SamplingParams,
-        rng: &mut StdRng,
-    ) -> Result<Box<dyn TreeDraft + 'a>> {
-        self.draft_tree(context, shape, sampling, rng)
-    }
-
-    /// The greedy chain without a confidence threshold (with one, each stop decision needs
-    /// the draft's distribution on the host: `None`).
-    fn propose_queued<'a>(
-        &'a mut self,
-        context: &[u32],
-        max: usize,
-        _rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
-        if self.confidence.is_some() || max == 0 || context.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Box::new(self.draft_greedy(context, max, true)?)))
     }
 }

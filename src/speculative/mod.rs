@@ -1,11 +1,14 @@
 //! The speculative decoding engine: drafters, lossless verification, decode loops, metrics.
 //!
-//! Protocol of one speculative step (chain drafting):
-//! 1. the drafter proposes up to γ tokens `d1..dγ` after the committed sequence;
-//! 2. the target runs ONE forward over `[last, d1..dγ]` inside a [`crate::cache::Speculation`];
-//! 3. verification accepts a prefix of `n` drafts and yields one more token (the correction,
+//! One entry point, [`generate`], and one step body (`step.rs`) for chains and trees alike (a
+//! chain is the tree of width 1). Protocol of one speculative step:
+//! 1. the drafter proposes drafts after the committed sequence: a chain `d1..dγ` or a tree
+//!    of depth ≤ γ ([`Drafter::propose`], one [`Draft`] handle);
+//! 2. the target runs ONE forward over `[last, drafts…]` inside a
+//!    [`crate::cache::Speculation`] (greedy chains left on the device are verified there);
+//! 3. verification accepts a root-to-node path and yields one more token (the correction,
 //!    or the bonus token when all were accepted);
-//! 4. the target commits `n + 1` appended tokens and the drafter commits its matching prefix.
+//! 4. the target commits the path and the drafter keeps its matching state.
 //!
 //! Invariant between steps: the target cache holds every committed token but the last one.
 
@@ -15,29 +18,27 @@ mod metrics;
 mod ngram;
 mod ngram_tree;
 mod oracle;
+mod params;
 mod prefill;
 mod sampling;
+mod step;
 mod tree;
 mod tree_bound;
-mod tree_decode;
 mod tree_draft;
 mod verify;
 
 use candle_core::Tensor;
 
-pub use decode::{
-    autoregressive, autoregressive_continue, speculative, speculative_continue, speculative_with,
-    GammaPolicy, GenParams,
-};
-pub use drafter::{Draft, Drafter, ModelDrafter, QueuedDraft, VerifyBlock};
+pub use decode::{generate, Drafting};
+pub use drafter::{Draft, DraftBlock, DraftRequest, Drafter, ModelDrafter, VerifyBlock};
 pub use metrics::{GenerationRecord, StopReason};
 pub use ngram::NgramDrafter;
 pub use oracle::{OracleDrafter, ReferenceStore};
+pub use params::{GammaPolicy, GenParams};
 pub use prefill::{CachedSequence, PrefillStats, DEFAULT_CHECKPOINT_EVERY};
 pub use sampling::{argmax, sample, SamplingParams};
-pub use tree::{verify_tree, DraftTree, ResidualRule, TreeDraft, TreeShape, TreeVerdict};
+pub use tree::{verify_tree, DraftTree, ResidualRule, TreeParams, TreeShape, TreeVerdict};
 pub use tree_bound::{draft_ranks, full_tree_steps};
-pub use tree_decode::{speculative_tree, speculative_tree_continue, TreeParams};
 pub use verify::{verify, Lossless, Verdict, Verifier};
 
 use crate::cache::{ModelCache, RotatingStrategy};

@@ -1,9 +1,7 @@
 //! Prompt-lookup drafting: copy what followed the last occurrence of the current n-gram.
 use rand::rngs::StdRng;
 
-use super::drafter::{Draft, Drafter, FixedDraft};
-use super::sampling::SamplingParams;
-use super::tree::{FixedTree, TreeDraft, TreeShape};
+use super::drafter::{Draft, DraftRequest, Drafter, FixedDraft};
 use crate::error::{Error, Result};
 
 /// Model-free drafter (Saxena 2023, "prompt lookup decoding"): finds the most recent earlier
@@ -73,28 +71,22 @@ impl Drafter for NgramDrafter {
         Ok(())
     }
 
+    /// A chain: what followed the last match of the context's suffix; a tree: several
+    /// continuations as a trie (see [`NgramDrafter::lookup_tree`]).
     fn propose<'a>(
         &'a mut self,
         context: &[u32],
-        max: usize,
-        _sampling: &SamplingParams,
+        request: &DraftRequest,
         _rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
-        Ok(Box::new(FixedDraft(self.lookup(context, max))))
+        Ok(Box::new(if request.is_chain() {
+            FixedDraft::Chain(self.lookup(context, request.chain_len()))
+        } else {
+            FixedDraft::Tree(self.lookup_tree(context, request.shape))
+        }))
     }
 
     fn forwards(&self) -> usize {
         0
-    }
-
-    /// Several continuations as a trie (see [`NgramDrafter::lookup_tree`]).
-    fn propose_tree<'a>(
-        &'a mut self,
-        context: &[u32],
-        shape: TreeShape,
-        _sampling: &SamplingParams,
-        _rng: &mut StdRng,
-    ) -> Result<Box<dyn TreeDraft + 'a>> {
-        Ok(Box::new(FixedTree(self.lookup_tree(context, shape))))
     }
 }

@@ -14,8 +14,10 @@ use candle_core::Device;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::decode::{autoregressive, GammaPolicy, GenParams};
-use super::drafter::{Draft, Drafter, FixedDraft, QueuedDraft, VerifyBlock};
+use super::decode::{generate, Drafting};
+use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter, FixedDraft, VerifyBlock};
+use super::params::{GammaPolicy, GenParams};
+use super::prefill::CachedSequence;
 use super::sampling::SamplingParams;
 use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
@@ -126,9 +128,16 @@ impl<M: LanguageModel> OracleDrafter<M> {
             gamma: GammaPolicy::Fixed(1),
             stop_at_eos: false,
         };
-        let mut cache = self.target.new_cache(RotatingStrategy::Staged)?;
+        let mut seq = CachedSequence::new(self.target.new_cache(RotatingStrategy::Staged)?);
         let mut rng = rand::SeedableRng::seed_from_u64(0);
-        let record = autoregressive(self.target.as_ref(), &mut cache, prompt, &params, &mut rng)?;
+        let record = generate(
+            self.target.as_ref(),
+            &mut seq,
+            prompt,
+            &params,
+            Drafting::None,
+            &mut rng,
+        )?;
         let tokens = record.output_ids;
         self.references
             .lock()
@@ -189,65 +198,42 @@ struct Checked<'a> {
 }
 
 impl Draft for Checked<'_> {
-    fn tokens(&self) -> &[u32] {
-        self.inner.tokens()
+    fn block(&self) -> DraftBlock<'_> {
+        self.inner.block()
     }
-    fn probs(&self) -> Option<&[Vec<f32>]> {
-        self.inner.probs()
-    }
-    fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
-        let proposed = self.inner.tokens().len();
+    fn finish(self: Box<Self>, drafts: &[u32], path: &[usize]) -> Result<()> {
         self.log
-            .check(self.name, self.at, proposed, self.kept, accepted);
-        self.inner.finish(accepted)
-    }
-}
-
-/// [`Checked`] for a proposal whose cost forwards are queued, not waited for: the cost
-/// model's speculation and the verification block `[last, proposals..]` (the host's).
-struct CheckedQueued<'a> {
-    spec: Speculation<'a>,
-    block: Vec<u32>,
-    /// The cost model's device.
-    device: Device,
-    kept: usize,
-    at: usize,
-    name: &'a str,
-    log: &'a mut Mismatches,
-}
-
-impl QueuedDraft for CheckedQueued<'_> {
-    fn block(&self) -> VerifyBlock<'_> {
-        VerifyBlock::Host {
-            ids: &self.block,
-            device: &self.device,
-        }
-    }
-    /// As [`CostDraft::finish`], after [`Mismatches::check`].
-    fn finish(self: Box<Self>, drafts: &[u32], accepted: usize) -> Result<()> {
-        self.log
-            .check(self.name, self.at, drafts.len(), self.kept, accepted);
-        let keep = accepted.min(self.spec.appended());
-        self.spec.commit(keep)
+            .check(self.name, self.at, drafts.len(), self.kept, path.len());
+        self.inner.finish(drafts, path)
     }
 }
 
 /// The cost model's tentative forwards over the proposed tokens.
 struct CostDraft<'a> {
     spec: Speculation<'a>,
-    tokens: Vec<u32>,
+    /// `[last, proposals..]`: the proposals are `block[1..]`.
+    block: Vec<u32>,
+    /// The cost model's device when its forwards are queued, not waited for (then the
+    /// engine verifies the block as it verifies a draft model's queued chain).
+    queued: Option<Device>,
 }
 
 impl Draft for CostDraft<'_> {
-    fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-    fn probs(&self) -> Option<&[Vec<f32>]> {
-        None
+    fn block(&self) -> DraftBlock<'_> {
+        match &self.queued {
+            Some(device) => DraftBlock::Queued(VerifyBlock::Host {
+                ids: &self.block,
+                device,
+            }),
+            None => DraftBlock::Chain {
+                tokens: &self.block[1..],
+                probs: None,
+            },
+        }
     }
     /// As for a draft model: the speculation holds all but the last proposal.
-    fn finish(self: Box<Self>, accepted: usize) -> Result<()> {
-        let keep = accepted.min(self.spec.appended());
+    fn finish(self: Box<Self>, _drafts: &[u32], path: &[usize]) -> Result<()> {
+        let keep = path.len().min(self.spec.appended());
         self.spec.commit(keep)
     }
 }
@@ -285,20 +271,23 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         Ok(())
     }
 
+    /// With a cost model, its forwards run as a greedy draft model's would: queued where
+    /// the engine takes a queued chain (the engine's one read-back after the verification
+    /// waits for them, as for a draft model's drafts), else waited for, so that their time
+    /// is booked as drafting rather than left queued ahead of the verification.
     fn propose<'a>(
         &'a mut self,
         context: &[u32],
-        max: usize,
-        sampling: &SamplingParams,
+        request: &DraftRequest,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
-        if !sampling.is_greedy() {
+        if !request.sampling.is_greedy() {
             return Err(Error::invalid(format!(
                 "oracle drafter {:?} needs greedy sampling (temperature = 0): its acceptance is defined against the target's argmax",
                 self.name
             )));
         }
-        let (tokens, at, kept) = self.proposals(context, max, rng)?;
+        let (tokens, at, kept) = self.proposals(context, request.chain_len(), rng)?;
         let Self {
             name,
             cost,
@@ -307,16 +296,25 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             ..
         } = self;
         let inner: Box<dyn Draft + 'a> = match cost.as_mut() {
-            Some((model, cache)) if !tokens.is_empty() => {
+            Some((model, cache)) if !tokens.is_empty() && !context.is_empty() => {
                 let (spec, last) =
                     cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
-                // The proposal waits for the draft's device work, as a real drafter's
-                // read-back does, so that work is booked as drafting rather than left queued
-                // ahead of the verification.
-                last.to_vec()?;
-                Box::new(CostDraft { spec, tokens })
+                let queued = if request.queued {
+                    Some(last.ids().device().clone())
+                } else {
+                    last.to_vec()?;
+                    None
+                };
+                let mut block = Vec::with_capacity(tokens.len() + 1);
+                block.extend(context.last().copied());
+                block.extend_from_slice(&tokens);
+                Box::new(CostDraft {
+                    spec,
+                    block,
+                    queued,
+                })
             }
-            _ => Box::new(FixedDraft(tokens)),
+            _ => Box::new(FixedDraft::Chain(tokens)),
         };
         Ok(Box::new(Checked {
             inner,
@@ -325,39 +323,6 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             name: name.as_str(),
             log: mismatches,
         }))
-    }
-
-    /// With a cost model: its forwards queued as a greedy draft model's are, nothing read
-    /// back (the engine's one read-back after the verification waits for them, as for a
-    /// draft model's drafts). Without one, `None`: [`Drafter::propose`] waits for nothing.
-    fn propose_queued<'a>(
-        &'a mut self,
-        context: &[u32],
-        max: usize,
-        rng: &mut StdRng,
-    ) -> Result<Option<Box<dyn QueuedDraft + 'a>>> {
-        if self.cost.is_none() || max == 0 || context.is_empty() {
-            return Ok(None);
-        }
-        let (tokens, at, kept) = self.proposals(context, max, rng)?;
-        let Some((model, cache)) = self.cost.as_mut().filter(|_| !tokens.is_empty()) else {
-            return Ok(None);
-        };
-        let (spec, last) =
-            cost_forwards(model.as_ref(), cache, context, &tokens, &mut self.forwards)?;
-        let device = last.ids().device().clone();
-        let mut block = Vec::with_capacity(tokens.len() + 1);
-        block.extend(context.last().copied());
-        block.extend_from_slice(&tokens);
-        Ok(Some(Box::new(CheckedQueued {
-            spec,
-            block,
-            device,
-            kept,
-            at,
-            name: self.name.as_str(),
-            log: &mut self.mismatches,
-        })))
     }
 
     fn forwards(&self) -> usize {

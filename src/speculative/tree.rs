@@ -8,7 +8,6 @@
 use candle_core::{DType, Tensor};
 use rand::Rng;
 
-use super::drafter::Draft;
 use super::sampling::{sample, SamplingParams};
 use crate::error::{Error, Result};
 
@@ -89,51 +88,6 @@ impl DraftTree {
     }
 }
 
-/// A proposed token tree. It may hold tentative drafter state (a draft model's cache
-/// transaction), so it borrows the drafter until [`TreeDraft::finish`] consumes it.
-pub trait TreeDraft {
-    /// The proposed tree.
-    fn tree(&self) -> &DraftTree;
-    /// Told the accepted root-to-node path (node indices); keeps the matching state.
-    fn finish(self: Box<Self>, path: &[usize]) -> Result<()>;
-}
-
-/// A chain [`Draft`] seen as a tree of width 1.
-pub(crate) struct ChainTree<'a> {
-    draft: Box<dyn Draft + 'a>,
-    tree: DraftTree,
-}
-
-impl<'a> ChainTree<'a> {
-    /// Wraps a chain draft.
-    pub(crate) fn new(draft: Box<dyn Draft + 'a>) -> Self {
-        let tree = DraftTree::chain(draft.tokens(), draft.probs());
-        Self { draft, tree }
-    }
-}
-
-impl TreeDraft for ChainTree<'_> {
-    fn tree(&self) -> &DraftTree {
-        &self.tree
-    }
-    /// A path in a chain is its prefix of the same length.
-    fn finish(self: Box<Self>, path: &[usize]) -> Result<()> {
-        self.draft.finish(path.len())
-    }
-}
-
-/// A tree with nothing tentative to keep (model-free drafters).
-pub(crate) struct FixedTree(pub DraftTree);
-
-impl TreeDraft for FixedTree {
-    fn tree(&self) -> &DraftTree {
-        &self.0
-    }
-    fn finish(self: Box<Self>, _path: &[usize]) -> Result<()> {
-        Ok(())
-    }
-}
-
 /// How the target distribution changes after a candidate is rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResidualRule {
@@ -141,6 +95,45 @@ pub enum ResidualRule {
     Exact,
     /// `p` kept as it was: biased. An ablation that the distribution tests must reject.
     Unchanged,
+}
+
+/// Tree settings of a speculative generation (the depth is the step's γ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeParams {
+    /// Children per expanded node (1 = a chain).
+    pub width: usize,
+    /// Most drafted nodes per step.
+    pub budget: usize,
+    /// Residual update of multi-candidate verification ([`ResidualRule::Exact`] unless
+    /// studying the bias of the naive rule).
+    pub residual: ResidualRule,
+}
+
+impl TreeParams {
+    /// The chain: width 1, as many drafts as the step's γ.
+    pub fn chain() -> Self {
+        Self {
+            width: 1,
+            budget: usize::MAX,
+            residual: ResidualRule::Exact,
+        }
+    }
+
+    /// A chain (width 1) of at most `budget` drafts a step.
+    pub fn chain_of(budget: usize) -> Self {
+        Self {
+            budget,
+            ..Self::chain()
+        }
+    }
+
+    /// Refuses a width of 0.
+    pub fn check(&self) -> Result<()> {
+        if self.width == 0 {
+            return Err(Error::invalid("tree width must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 /// Outcome of verifying a tree.

@@ -3,7 +3,7 @@
 //!
 //! Under greedy verification a tree node is accepted iff every node on its path carries the
 //! target's token. A tree whose children are the draft's `width` most likely tokens (what
-//! [`super::Drafter::propose_tree`] drafts for a draft model) therefore accepts, from output
+//! [`super::Drafter::propose`] drafts as a tree for a draft model) therefore accepts, from output
 //! position `t`, at most `run(t)` = the number of consecutive target tokens from `t` that are
 //! among the draft's top `width` given the true prefix (capped at the depth γ), and the
 //! *full* tree of that width and depth accepts exactly that. The full tree also needs the

@@ -3,9 +3,9 @@
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use super::drafter::{confidence, ModelDrafter};
+use super::drafter::{confidence, Draft, DraftBlock, ModelDrafter};
 use super::sampling::{sample, SamplingParams};
-use super::tree::{DraftTree, TreeDraft, TreeShape};
+use super::tree::{DraftTree, TreeShape};
 use super::LanguageModel;
 use crate::cache::Speculation;
 use crate::error::Result;
@@ -21,13 +21,13 @@ struct ModelTreeDraft<'a> {
     block_of: Vec<Option<usize>>,
 }
 
-impl TreeDraft for ModelTreeDraft<'_> {
-    fn tree(&self) -> &DraftTree {
-        &self.tree
+impl Draft for ModelTreeDraft<'_> {
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Tree(&self.tree)
     }
     /// Keeps the accepted path's nodes that the draft model has seen; the rest (an unfed
     /// leaf) is fed with the next context, as in chain drafting.
-    fn finish(self: Box<Self>, path: &[usize]) -> Result<()> {
+    fn finish(self: Box<Self>, _drafts: &[u32], path: &[usize]) -> Result<()> {
         let keep: Vec<usize> = path.iter().map_while(|&n| self.block_of[n]).collect();
         self.spec.commit_path(&keep)?;
         self.held
@@ -227,7 +227,7 @@ impl<M: LanguageModel> ModelDrafter<M> {
         shape: TreeShape,
         sampling: &SamplingParams,
         rng: &mut StdRng,
-    ) -> Result<Box<dyn TreeDraft + 'a>> {
+    ) -> Result<Box<dyn Draft + 'a>> {
         let mut g = Growing {
             tree: DraftTree {
                 child_q: vec![None],

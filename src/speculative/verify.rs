@@ -103,7 +103,7 @@ pub fn greedy_verdict(drafts: &[u32], best: &[u32]) -> Result<Verdict> {
     })
 }
 
-/// The verification step of [`super::speculative_with`]: given the target's logits over
+/// The chain verification step of [`super::generate`] ([`super::Drafting::Speculative`]): given the target's logits over
 /// `[last, d1..dγ]` (`[γ + 1, vocab]`), the drafts and the distributions they were drawn from,
 /// decides the accepted prefix and the next token. [`Lossless`] is the engine's verifier;
 /// the trait exists so tests can run the same engine with deliberately wrong verifiers.

@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod probe;
+pub mod run;
 
 pub use device::device;
 

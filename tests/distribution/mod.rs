@@ -6,10 +6,11 @@
 
 use std::collections::HashMap;
 
+use crate::common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
-    speculative_with, Drafter, GenParams, LanguageModel, SamplingParams, Verifier,
+    Drafter, Drafting, GenParams, LanguageModel, SamplingParams, TreeParams, Verifier,
 };
 
 use crate::common::Toy;
@@ -142,13 +143,16 @@ fn observe_here(
     let mut obs = Observed::default();
     for seed in 0..setup.runs as u64 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let r = speculative_with(
+        let r = fresh(
             &setup.target,
             &mut cache,
-            drafter,
-            verifier,
             &setup.prompt,
             &setup.params,
+            Drafting::Speculative {
+                drafter,
+                tree: TreeParams::chain(),
+                verifier,
+            },
             &mut rng,
         )
         .unwrap();
