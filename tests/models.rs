@@ -9,17 +9,19 @@
 //!
 //! Logit tolerance: `max |ours - ref| <= 1e-4 * max |ref|` over the whole `[positions, vocab]`
 //! matrix (a relative bound on the largest error, scaled by the largest logit).
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use common::checkpoint::load;
+use common::device;
+use common::host::rel_err;
 use serde_json::{json, Value};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{DTypeChoice, LoadOptions, Model};
 use specdec::nn::LayerKind;
-
-#[path = "common/device.rs"]
-mod device;
 
 /// Relative logit tolerance: 1e-4 in f32. For a half-precision test pass
 /// (`SPECDEC_TEST_DTYPE=bf16|f16`, weights and activations rounded to 8 or 11 mantissa bits,
@@ -33,6 +35,10 @@ fn tol() -> f32 {
         DTypeChoice::F32 | DTypeChoice::Auto => 1e-4,
     }
 }
+
+/// Floor of the scale in [`rel_err`] (an all-zero reference).
+const MIN_SCALE: f32 = 1e-12;
+
 const STRATEGIES: [RotatingStrategy; 2] = [
     RotatingStrategy::Staged,
     RotatingStrategy::Slack { max_draft: 8 },
@@ -40,28 +46,8 @@ const STRATEGIES: [RotatingStrategy; 2] = [
 
 // ---------------------------------------------------------------- helpers
 
-fn load(dir: &Path) -> Model {
-    Model::load(dir, &device::load_options())
-        .unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
-}
-
-/// `max |a - b| / max |b|`, computed in f32 on the CPU (either may live on the test device).
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let host = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-    };
-    let (a, b) = (&host(a), &host(b));
-    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-    let scale = b.abs().unwrap().max_all().unwrap();
-    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
-}
-
 fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
-    let (err, tol) = (rel_err(a, b), tol());
+    let (err, tol) = (rel_err(a, b, MIN_SCALE), tol());
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
@@ -524,7 +510,7 @@ fn both_config_spellings_give_the_same_model() {
             full_logits(&v4, &tokens, STRATEGIES[0]),
             full_logits(&v5, &tokens, STRATEGIES[0]),
         );
-        assert_eq!(rel_err(&a, &b), 0.0, "{}", case.name);
+        assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0, "{}", case.name);
     }
 }
 
@@ -589,7 +575,7 @@ fn bf16_checkpoints_load_as_f32_on_cpu() {
         full_logits(&model, &tokens, STRATEGIES[0]),
         full_logits(&reference, &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 }
 
 #[test]
@@ -615,7 +601,7 @@ fn multimodal_gemma3_reads_the_nested_text_model() {
         full_logits(&multi, &tokens, STRATEGIES[0]),
         full_logits(&text, &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 }
 
 #[test]
@@ -635,7 +621,7 @@ fn gemma3_ignores_attn_logit_softcapping_like_transformers() {
         full_logits(&capped, &tokens, STRATEGIES[0]),
         full_logits(&load(&dir), &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 
     let config = merge(
         case.v5.clone(),
@@ -671,7 +657,7 @@ fn attention_softcap_decodes_incrementally() {
     };
     let full = run(&capped, tokens.len(), STRATEGIES[0]);
     assert!(
-        rel_err(&run(&plain, tokens.len(), STRATEGIES[0]), &full) > 1e-3,
+        rel_err(&run(&plain, tokens.len(), STRATEGIES[0]), &full, MIN_SCALE) > 1e-3,
         "softcap has no effect"
     );
     for strategy in STRATEGIES {
@@ -911,7 +897,10 @@ fn logits_match_transformers() {
         let expected =
             Tensor::from_vec(flat, (rows, model.info().vocab_size), &Device::Cpu).unwrap();
         let ours = full_logits(model, &reference.input_ids, STRATEGIES[0]);
-        eprintln!("{label}: relative error {:e}", rel_err(&ours, &expected));
+        eprintln!(
+            "{label}: relative error {:e}",
+            rel_err(&ours, &expected, MIN_SCALE)
+        );
         assert_close(
             &format!("{label}: logits vs transformers"),
             &ours,
@@ -958,7 +947,11 @@ fn half_dtypes_run_on_the_cpu_close_to_f32() {
         )
         .unwrap();
         assert_eq!(model.info().dtype, dtype);
-        let err = rel_err(&full_logits(&model, &tokens, STRATEGIES[0]), &f32_logits);
+        let err = rel_err(
+            &full_logits(&model, &tokens, STRATEGIES[0]),
+            &f32_logits,
+            MIN_SCALE,
+        );
         assert!(err < tol, "{dtype:?}: relative error {err}");
     }
 }

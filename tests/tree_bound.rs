@@ -2,28 +2,24 @@
 //! one teacher-forced draft pass, it predicts exactly the verification steps of the chain
 //! (width 1) and of the full binary tree (width 2 at γ = 4: 2, 4, 8 and 16 nodes per level,
 //! budget 30), and no width-2 tree under a smaller budget needs fewer steps.
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::checkpoint::shipped_on_cpu;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::models::{load_tokenizer, LoadOptions, Model};
+use specdec::models::load_tokenizer;
 use specdec::speculative::{
     autoregressive, draft_ranks, full_tree_steps, speculative_tree, GammaPolicy, GenParams,
     ModelDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
-}
-
 #[test]
 fn the_full_tree_bound_matches_decoding_on_the_trained_pair() {
-    let target = load("target");
-    let draft = Arc::new(load("draft"));
+    let target = shipped_on_cpu("target");
+    let draft = Arc::new(shipped_on_cpu("draft"));
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     let text = "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n";

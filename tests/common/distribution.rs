@@ -2,8 +2,6 @@
 //! `SamplingParams::probs` or `verify`: an independent reference for the sampling filters
 //! ([`oracle_probs`]), the exact distribution of whole generations under the target
 //! ([`exact_sequences`]), and Pearson's chi-square at a fixed significance ([`judge`]).
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 
 use rand::{rngs::StdRng, SeedableRng};
@@ -12,7 +10,7 @@ use specdec::speculative::{
     speculative_with, Drafter, GenParams, LanguageModel, SamplingParams, Verifier,
 };
 
-use crate::common::Toy;
+use super::Toy;
 
 /// Upper-tail quantile of the standard normal for significance 0.001.
 const Z_001: f64 = 3.090_232;
