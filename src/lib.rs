@@ -11,3 +11,4 @@ pub mod nn;
 
 pub use error::{Error, Result};
 pub mod speculative;
+pub mod stats;
