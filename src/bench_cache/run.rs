@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 
+use super::strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 use super::{BenchConfig, Pattern};
 use crate::cache::{
-    CacheSnapshot, KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache,
-    RotatingStrategy, StepCost, StrategyCache, StrategySpec,
+    CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };
 use crate::error::Result;
 use crate::stats::median;
