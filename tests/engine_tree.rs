@@ -5,10 +5,9 @@
 //! width-1 tree is the chain, step for step.
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use common::checkpoint::shipped_on_cpu;
+use common::checkpoint::{repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::load_tokenizer;
@@ -18,7 +17,7 @@ use specdec::speculative::{
 };
 
 fn prompt(text: &str) -> Vec<u32> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let dir = repo_path("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     tok.encode(text, false).expect("encode").get_ids().to_vec()
 }

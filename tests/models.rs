@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use common::checkpoint::load;
+use common::checkpoint::{load, load_on_cpu, load_with, repo_path};
 use common::device;
 use common::host::rel_err;
 use serde_json::{json, Value};
@@ -549,8 +549,7 @@ fn layer_kinds_follow_the_config() {
 fn bf16_checkpoints_load_as_f32_on_cpu() {
     let root = tempfile::tempdir().unwrap();
     let case = &tiny_cases()[0];
-    let cpu = |dir: &Path| Model::load(dir, &LoadOptions::default()).unwrap();
-    let model = cpu(&write_tiny(root.path(), case, true, DType::BF16));
+    let model = load_on_cpu(&write_tiny(root.path(), case, true, DType::BF16));
     assert_eq!(model.info().dtype, DType::F32);
     let tokens = test_tokens(12, 64);
     // Same weights rounded to bf16 and stored as f32: identical model.
@@ -570,7 +569,7 @@ fn bf16_checkpoints_load_as_f32_on_cpu() {
         .collect();
     let dir = root.path().join("rounded");
     write_checkpoint(&dir, &case.v5, &rounded, DType::F32, 1);
-    let reference = cpu(&dir);
+    let reference = load_on_cpu(&dir);
     let (a, b) = (
         full_logits(&model, &tokens, STRATEGIES[0]),
         full_logits(&reference, &tokens, STRATEGIES[0]),
@@ -837,9 +836,7 @@ struct Reference {
 }
 
 fn fixture_dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(case)
+    repo_path("tests/fixtures/hf").join(case)
 }
 
 /// The fixture dir as saved (5.x config) and a copy with `config.v4.json` as `config.json`.
@@ -938,14 +935,13 @@ fn half_dtypes_run_on_the_cpu_close_to_f32() {
         (DTypeChoice::F16, DType::F16, 1e-2),
         (DTypeChoice::BF16, DType::BF16, 5e-2),
     ] {
-        let model = Model::load(
+        let model = load_with(
             &dir,
             &LoadOptions {
                 device: Device::Cpu,
                 dtype: choice,
             },
-        )
-        .unwrap();
+        );
         assert_eq!(model.info().dtype, dtype);
         let err = rel_err(
             &full_logits(&model, &tokens, STRATEGIES[0]),

@@ -4,10 +4,9 @@
 //! budget 30), and no width-2 tree under a smaller budget needs fewer steps.
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use common::checkpoint::shipped_on_cpu;
+use common::checkpoint::{repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::load_tokenizer;
@@ -20,7 +19,7 @@ use specdec::speculative::{
 fn the_full_tree_bound_matches_decoding_on_the_trained_pair() {
     let target = shipped_on_cpu("target");
     let draft = Arc::new(shipped_on_cpu("draft"));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let dir = repo_path("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     let text = "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n";
     let p = tok.encode(text, false).expect("encode").get_ids().to_vec();
