@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use specdec::bench_cache::{prefilled, step_kv, BenchConfig, Pattern};
-use specdec::cache::{Layout, StrategyCache, StrategySpec};
+use specdec::bench_cache::{Layout, StrategyCache, StrategySpec};
 
 fn bench(c: &mut Criterion) {
     let config = BenchConfig::default();

@@ -36,6 +36,7 @@ use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::experiment::context_limit;
 use specdec::models::{DTypeChoice, LoadOptions, Model};
 use specdec::nn::StepIds;
+use specdec::stats::median;
 
 const DECODES_PER_ROUND: usize = 4;
 const VERIFY: usize = 5;
@@ -70,12 +71,6 @@ fn dtype() -> DTypeChoice {
         .unwrap_or_else(|e| panic!("SPECDEC_BENCH_DTYPE={name}: {e}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    (v[(n - 1) / 2] + v[n / 2]) / 2.0
-}
-
 /// Read + write bytes per second of a 1 GiB device-to-device copy (median of 9).
 fn copy_bandwidth(device: &Device) -> f64 {
     let n = 1usize << 28; // f32 elements: 1 GiB
@@ -89,7 +84,7 @@ fn copy_bandwidth(device: &Device) -> f64 {
         times.push(start.elapsed().as_secs_f64());
         drop(b);
     }
-    2.0 * (n * 4) as f64 / median(times[1..].to_vec())
+    2.0 * (n * 4) as f64 / median(&times[1..]).expect("nine timed copies")
 }
 
 fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
@@ -183,14 +178,15 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         verify.push(v);
         ratio.push(v / d);
     }
+    let timed = |v: &[f64]| median(v).expect("a timed round: SPECDEC_BENCH_ROUNDS >= 2");
     ContextRow {
         context,
         prefill_s,
-        decode_ms: 1e3 * median(decode),
-        chained_ms: 1e3 * median(chained),
-        enqueue_ms: 1e3 * median(enqueue),
-        verify_ms: 1e3 * median(verify),
-        verify_ratio: median(ratio),
+        decode_ms: 1e3 * timed(&decode),
+        chained_ms: 1e3 * timed(&chained),
+        enqueue_ms: 1e3 * timed(&enqueue),
+        verify_ms: 1e3 * timed(&verify),
+        verify_ratio: timed(&ratio),
     }
 }
 

@@ -18,6 +18,7 @@ use criterion::{criterion_group, Criterion, Throughput};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::experiment::context_limit;
 use specdec::models::{LoadOptions, Model};
+use specdec::stats::median;
 
 const PROMPT: usize = 128;
 const DECODE_SPAN: usize = 128;
@@ -87,12 +88,6 @@ fn time_kind(model: &Model, seeded: &ModelCache, len: usize, vocab: usize) -> f6
     spent.as_secs_f64() / PER_ROUND as f64
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    (v[(n - 1) / 2] + v[n / 2]) / 2.0
-}
-
 /// One row of the paired table: `context`, then per kind (median ms, median ratio to decode).
 fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
     let vocab = model.info().vocab_size;
@@ -110,7 +105,10 @@ fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
     (0..KINDS.len())
         .map(|k| {
             let ratios = times[k].iter().zip(&times[0]).map(|(t, d)| t / d);
-            (1e3 * median(times[k].clone()), median(ratios.collect()))
+            (
+                1e3 * median(&times[k]).expect("ROUNDS > 0"),
+                median(&ratios.collect::<Vec<_>>()).expect("ROUNDS > 0"),
+            )
         })
         .collect()
 }

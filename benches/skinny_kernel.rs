@@ -17,13 +17,9 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use specdec::nn::{on_cpu_pool, pin_cpu_thread_count, skinny_matmul};
+use specdec::stats::median;
 
 const ROUNDS: usize = 15;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Multiply-adds per second of `threads` threads each running independent AVX-512 chains.
 #[cfg(target_arch = "x86_64")]
@@ -77,7 +73,7 @@ fn time_products(x: &Tensor, ws: &[Tensor]) -> f64 {
             })
         })
         .collect();
-    median(times)
+    median(&times).expect("ROUNDS > 0")
 }
 
 fn main() {

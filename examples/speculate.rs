@@ -6,7 +6,7 @@ use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::models::{load_tokenizer, LoadOptions, Model};
 use specdec::speculative::{generate, CachedSequence, Drafting, GammaPolicy, GenParams};
-use specdec::speculative::{LanguageModel, ModelDrafter, SamplingParams};
+use specdec::speculative::{ModelDrafter, SamplingParams};
 
 fn main() -> anyhow::Result<()> {
     let opts = LoadOptions::default(); // the CPU, f32

@@ -12,3 +12,4 @@ pub mod nn;
 
 pub use error::{Error, Result};
 pub mod speculative;
+pub mod stats;

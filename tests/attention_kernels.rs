@@ -8,14 +8,12 @@
 //! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
 //! more splits than the split kernel has blocks per head; and each row of a block against the
 //! same row attended alone (bitwise on CUDA).
-use candle_core::{DType, Tensor};
-use specdec::nn::{causal_attention, PREFILL_CHUNK, SPLIT_MAX_ROWS};
+mod common;
 
-#[path = "common/device.rs"]
-mod device;
-#[path = "common/host.rs"]
-mod host;
-use host::{host, values};
+use candle_core::{DType, Tensor};
+use common::device;
+use common::host::{host, values};
+use specdec::nn::{causal_attention, PREFILL_CHUNK, SPLIT_MAX_ROWS};
 
 /// One shape: heads, kv heads, head width, queries, keys before them, window, softcap.
 #[derive(Debug, Clone, Copy)]

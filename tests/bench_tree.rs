@@ -3,7 +3,7 @@
 //! holding exactly the path's tokens.
 use candle_core::{Device, Tensor};
 use specdec::bench_cache::{measure, BenchConfig, Pattern};
-use specdec::cache::{RollbackStrategy, StrategyCache, StrategySpec};
+use specdec::bench_cache::{Layout, RollbackStrategy, StrategyCache, StrategySpec};
 
 #[test]
 fn path_pattern_runs_on_speculation_strategies_only() {
@@ -56,7 +56,7 @@ fn a_path_step_keeps_the_path() {
         );
     }
     let spec = StrategySpec {
-        strategy: RollbackStrategy::CloneTruncate(specdec::cache::Layout::Kv),
+        strategy: RollbackStrategy::CloneTruncate(Layout::Kv),
         layers: 1,
         window: 8,
         max_draft: 6,

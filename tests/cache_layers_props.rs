@@ -5,12 +5,11 @@
 //! independent model of the rings says the window it needs is gone (never merely accepted);
 //! after a failed commit every operation is refused until a reset, which recovers the cache.
 mod common;
-mod ring_model;
 
 use candle_core::Tensor;
 use common::probe::{attend, close, kv};
+use common::ring_model::Ring;
 use proptest::prelude::*;
-use ring_model::Ring;
 use specdec::cache::{
     Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache,
     RotatingStrategy,

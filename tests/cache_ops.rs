@@ -1,13 +1,13 @@
 //! Exact-value tests of each cache operation on tiny tensors (`[1, 1, seq, 1]`, K = position,
 //! V = 10 × position), so every expected tensor can be written out literally.
+mod common;
+
 use candle_core::Tensor;
+use common::device;
 use specdec::cache::{
     merge, split, CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };
 use specdec::Error;
-
-#[path = "common/device.rs"]
-mod device;
 
 /// K/V for positions `[from, from + n)`: K = position, V = 10 × position.
 fn kv(from: usize, n: usize) -> (Tensor, Tensor) {

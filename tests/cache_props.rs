@@ -5,11 +5,10 @@
 //! Run for KV caches and both rotating strategies, with windows small enough that the rings
 //! wrap many times.
 mod common;
-mod ring_model;
 
 use common::probe::{append, attend, close, kv, logical};
+use common::ring_model::Ring;
 use proptest::prelude::*;
-use ring_model::Ring;
 use specdec::cache::{
     merge, split, Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache,
     RotatingKvCache, RotatingStrategy,

@@ -7,10 +7,8 @@ mod common;
 
 use common::probe::{append, attend, close, kv, logical};
 use proptest::prelude::*;
-use specdec::cache::{
-    KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache, RotatingStrategy,
-    StrategyCache, StrategySpec,
-};
+use specdec::bench_cache::{Layout, RollbackStrategy, StrategyCache, StrategySpec};
+use specdec::cache::{KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
 
 /// A plain cache of the strategy's layout freshly prefilled with `tokens`.
 fn fresh(spec: StrategySpec, tokens: &[u8]) -> ModelCache {

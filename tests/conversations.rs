@@ -7,22 +7,18 @@
 //! drafters), turns 1 and 2. Two conversations share a system text longer than every window.
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use common::run::fresh;
+
+use common::checkpoint::{load_on_cpu, repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, PrefixStore, RotatingStrategy};
-use specdec::models::{LoadOptions, Model};
+use specdec::models::Model;
 use specdec::speculative::{
     generate, CachedSequence, Drafter, Drafting, GammaPolicy, GenParams, GenerationRecord,
     ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
-
-fn load(rel: &str) -> Arc<Model> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
-    Arc::new(Model::load(&dir, &LoadOptions::default()).expect("model loads"))
-}
 
 fn greedy(gamma: usize) -> GenParams {
     GenParams {
@@ -225,15 +221,21 @@ fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
 
 #[test]
 fn sliding_window_target_with_store_and_continued_turns_equals_fresh_prefills() {
-    check_target(&load("models/target"), Some(load("models/draft")));
+    check_target(
+        &shipped_on_cpu("target"),
+        Some(Arc::new(shipped_on_cpu("draft"))),
+    );
 }
 
 #[test]
 fn full_attention_target_with_store_and_continued_turns_equals_fresh_prefills() {
-    check_target(&load("models/draft"), Some(load("models/draft")));
+    check_target(
+        &shipped_on_cpu("draft"),
+        Some(Arc::new(shipped_on_cpu("draft"))),
+    );
 }
 
 #[test]
 fn mixed_target_with_store_and_continued_turns_equals_fresh_prefills() {
-    check_target(&load("tests/fixtures/hf/gemma3"), None);
+    check_target(&load_on_cpu(&repo_path("tests/fixtures/hf/gemma3")), None);
 }

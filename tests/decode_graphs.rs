@@ -14,15 +14,13 @@
 //!
 //! Its own test binary with one test: recording captures the device's whole stream, so no
 //! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
+mod common;
+
 use candle_core::Tensor;
+use common::checkpoint::shipped;
+use common::decode::{argmax_rows, cache, tokens, tolerance, MIN_SCALE, TOL};
+use common::host::rel_err;
 use specdec::nn::{DeviceTokens, StepIds};
-
-#[path = "common/decode.rs"]
-mod decode;
-#[path = "common/device.rs"]
-mod device;
-
-use decode::{argmax_rows, cache, load, rel_err, tokens, tolerance, TOL};
 
 /// Kernels of a recorded step allowed without a programmatic edge into them (candle's own
 /// launches and the kernel right after the first of them).
@@ -32,7 +30,7 @@ const MAX_ORDINARY_EDGES: usize = 6;
 fn graph_steps_equal_ordinary_steps() {
     specdec::nn::count_graph_censuses(true);
     for name in ["draft", "target"] {
-        let model = load(name);
+        let model = shipped(name);
         let vocab = model.info().vocab_size;
         let prompt = tokens(200, vocab, 4);
         // 300 steps (across a cache growth at 256 slots) fed the same tokens in both runs —
@@ -163,7 +161,7 @@ fn graph_steps_equal_ordinary_steps() {
         let (without, without_rows) = run(false);
         specdec::nn::set_cuda_graphs(true);
         for (a, b) in with_rows.iter().zip(&without_rows) {
-            let err = rel_err(a, b);
+            let err = rel_err(a, b, MIN_SCALE);
             assert!(err <= tolerance(), "{name}: graph step differs by {err}");
         }
         if tolerance() == TOL {

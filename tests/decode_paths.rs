@@ -13,20 +13,18 @@
 //! shipped draft (Llama-style, full attention: the layers a graph step covers), on the test
 //! device. Tolerance: `max |a - b| <= 1e-4 max |b|` in f32 (summation orders differ by path),
 //! and the greedy tokens must agree.
+mod common;
+
 use candle_core::Tensor;
+use common::checkpoint::shipped;
+use common::decode::{argmax_rows, cache, tokens, tolerance, MIN_SCALE};
+use common::host::rel_err;
 use specdec::nn::PREFILL_CHUNK;
-
-#[path = "common/decode.rs"]
-mod decode;
-#[path = "common/device.rs"]
-mod device;
-
-use decode::{argmax_rows, cache, load, rel_err, tokens, tolerance};
 
 #[test]
 fn a_chunked_prefill_equals_a_prefill_in_pieces() {
     for name in ["target", "draft"] {
-        let model = load(name);
+        let model = shipped(name);
         let n = PREFILL_CHUNK + PREFILL_CHUNK / 2 + 3;
         let prompt = tokens(n, model.info().vocab_size, 1);
         let mut whole = cache(&model);
@@ -37,7 +35,7 @@ fn a_chunked_prefill_equals_a_prefill_in_pieces() {
             parts.push(model.forward(piece, &mut pieces).unwrap());
         }
         let parts = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0).unwrap();
-        let err = rel_err(&one, &parts);
+        let err = rel_err(&one, &parts, MIN_SCALE);
         assert!(
             err <= tolerance(),
             "{name}: chunked prefill differs by {err}"
@@ -46,7 +44,7 @@ fn a_chunked_prefill_equals_a_prefill_in_pieces() {
         let next = [prompt[0]];
         let a = model.forward(&next, &mut whole).unwrap();
         let b = model.forward(&next, &mut pieces).unwrap();
-        let err = rel_err(&a, &b);
+        let err = rel_err(&a, &b, MIN_SCALE);
         assert!(
             err <= tolerance(),
             "{name}: step after the prefill differs by {err}"
@@ -57,7 +55,7 @@ fn a_chunked_prefill_equals_a_prefill_in_pieces() {
 #[test]
 fn a_verification_block_equals_single_steps() {
     for name in ["target", "draft"] {
-        let model = load(name);
+        let model = shipped(name);
         let vocab = model.info().vocab_size;
         let mut base = cache(&model);
         model.forward(&tokens(300, vocab, 2), &mut base).unwrap();
@@ -75,7 +73,7 @@ fn a_verification_block_equals_single_steps() {
             .map(|&t| model.forward(&[t], &mut stepped).unwrap())
             .collect();
         let singles = Tensor::cat(&singles.iter().collect::<Vec<_>>(), 0).unwrap();
-        let err = rel_err(&together, &singles);
+        let err = rel_err(&together, &singles, MIN_SCALE);
         assert!(err <= tolerance(), "{name}: block vs steps differ by {err}");
         assert_eq!(argmax_rows(&together), argmax_rows(&singles), "{name}");
     }

@@ -4,13 +4,12 @@
 //! confidence bug this project once shipped). Controls: the test's own correct reference
 //! verifier and the correctly thresholded drafter pass, so a rejection is the defect's doing.
 mod common;
-mod distribution;
 
 use std::sync::Arc;
 
 use candle_core::Tensor;
+use common::distribution::{exact_sequences, judge, observe, oracle_probs, Judgement, Setup};
 use common::Toy;
-use distribution::{exact_sequences, judge, observe, oracle_probs, Judgement, Setup};
 use rand::{rngs::StdRng, Rng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{

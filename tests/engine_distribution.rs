@@ -8,12 +8,11 @@
 //! `distribution/`) by a chi-square test at significance 0.001. `distribution_power.rs` runs
 //! the same harness against broken verifiers and drafters to show that it rejects them.
 mod common;
-mod distribution;
 
 use std::sync::Arc;
 
+use common::distribution::{exact_sequences, judge, observe, settings, Judgement, Observed, Setup};
 use common::Toy;
-use distribution::{exact_sequences, judge, observe, settings, Judgement, Observed, Setup};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
     Drafter, GammaPolicy, GenParams, Lossless, ModelDrafter, NgramDrafter, SamplingParams,

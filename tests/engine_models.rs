@@ -6,29 +6,21 @@
 //! read back step by step.
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use common::run::fresh;
+
+use common::checkpoint::{repo_path, shipped};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::models::{load_tokenizer, Model};
+use specdec::models::load_tokenizer;
 use specdec::speculative::{
     Drafter, Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
     SamplingParams,
 };
 
-use common::device;
-
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &device::load_options()).expect("the shipped model loads")
-}
-
 fn prompt(text: &str) -> Vec<u32> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let dir = repo_path("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     tok.encode(text, false).expect("encode").get_ids().to_vec()
 }
@@ -44,9 +36,9 @@ fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
 
 #[test]
 fn greedy_speculative_equals_autoregressive_on_the_trained_pair() {
-    let target = load("target");
+    let target = shipped("target");
     assert_eq!(target.info().sliding_window, Some(64));
-    let draft = Arc::new(load("draft"));
+    let draft = Arc::new(shipped("draft"));
     let prompts = [
         prompt("import os\n\n\ndef "),
         prompt("class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, "),
@@ -108,7 +100,10 @@ fn greedy_speculative_equals_autoregressive_on_the_trained_pair() {
 
 #[test]
 fn the_shipped_pair_shares_a_vocabulary() {
-    assert_eq!(load("target").vocab_size(), load("draft").vocab_size());
+    assert_eq!(
+        shipped("target").vocab_size(),
+        shipped("draft").vocab_size()
+    );
 }
 
 /// Greedy drafting chained on the device (no confidence threshold) proposes exactly the
@@ -117,8 +112,8 @@ fn the_shipped_pair_shares_a_vocabulary() {
 /// as verification corrects any draft.
 #[test]
 fn drafts_chained_on_the_device_equal_drafts_read_back_each_step() {
-    let target = load("target");
-    let draft = Arc::new(load("draft"));
+    let target = shipped("target");
+    let draft = Arc::new(shipped("draft"));
     let p = prompt("import os\n\n\ndef ");
     let strategy = RotatingStrategy::Slack { max_draft: 8 };
     for gamma in [2, 4, 8] {

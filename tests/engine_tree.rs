@@ -3,29 +3,22 @@
 //! speculative output equals greedy autoregressive output token for token, for every tested
 //! width, budget and γ, on both rotating strategies, generating far past the window; and the
 //! width-1 tree is the chain, step for step.
-use std::path::Path;
-use std::sync::Arc;
-
 mod common;
 
 use common::run::fresh;
+use std::sync::Arc;
+
+use common::checkpoint::{repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::models::{load_tokenizer, LoadOptions, Model};
+use specdec::models::load_tokenizer;
 use specdec::speculative::{
     Drafter, Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, NgramDrafter,
     ResidualRule, SamplingParams, TreeParams,
 };
 
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
-}
-
 fn prompt(text: &str) -> Vec<u32> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let dir = repo_path("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     tok.encode(text, false).expect("encode").get_ids().to_vec()
 }
@@ -59,9 +52,9 @@ const SHAPES: [(usize, usize, usize); 6] = [
 
 #[test]
 fn greedy_tree_speculative_equals_autoregressive_on_the_trained_pair() {
-    let target = load("target");
+    let target = shipped_on_cpu("target");
     assert_eq!(target.info().sliding_window, Some(64));
-    let draft = Arc::new(load("draft"));
+    let draft = Arc::new(shipped_on_cpu("draft"));
     let p = prompt("class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, ");
     // The slack ring must roll back the largest block: budget + 1 tokens.
     for strategy in [
@@ -120,8 +113,8 @@ fn a_tree_of_width_one_is_the_chain() {
 }
 
 fn width_one_is_the_chain(confidence: Option<f32>) {
-    let target = load("target");
-    let draft = Arc::new(load("draft"));
+    let target = shipped_on_cpu("target");
+    let draft = Arc::new(shipped_on_cpu("draft"));
     let p = prompt("import os\n\n\ndef ");
     let strategy = RotatingStrategy::Staged;
     let mut cache = target.new_cache(strategy).unwrap();

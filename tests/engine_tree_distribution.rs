@@ -8,14 +8,13 @@
 //! distribution, which shows it has power. The exact distribution and the test are the chain
 //! tests' harness (`tests/distribution`), independent of `SamplingParams::probs`.
 mod common;
-mod distribution;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use common::distribution::{exact_sequences, judge, Judgement};
 use common::run::fresh;
 use common::Toy;
-use distribution::{exact_sequences, judge, Judgement};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{

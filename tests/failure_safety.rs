@@ -4,22 +4,16 @@
 //! different offsets in use. Injected on the shipped models: full-attention layers (Llama
 //! draft) and sliding-window rings (Mistral target, window 64) of both strategies, short and
 //! long forwards, outside and inside a speculation.
-use std::path::Path;
+mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::checkpoint::shipped_on_cpu;
 use specdec::cache::{
     CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };
-use specdec::models::{LoadOptions, Model};
+use specdec::models::Model;
 use specdec::nn::LayerKind;
 use specdec::Error;
-
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
-}
 
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 32;
@@ -89,7 +83,7 @@ fn strategies() -> [RotatingStrategy; 2] {
 fn a_failed_forward_rewinds_every_layer_when_it_can() {
     let held = 20;
     for (name, tokens) in [("draft", 3), ("target", 1), ("target", 3)] {
-        let model = load(name);
+        let model = shipped_on_cpu(name);
         for strategy in strategies() {
             let mut cache = trapped_cache(&model, strategy, held);
             let input: Vec<u32> = (1..=tokens).collect();
@@ -105,7 +99,7 @@ fn a_failed_forward_rewinds_every_layer_when_it_can() {
 
 #[test]
 fn a_failed_forward_that_overwrote_history_poisons_the_cache() {
-    let model = load("target");
+    let model = shipped_on_cpu("target");
     for strategy in strategies() {
         // 100 tokens into 64-token windows: the rings lose the history before the forward.
         let mut cache = trapped_cache(&model, strategy, 40);
@@ -121,7 +115,7 @@ fn a_failed_forward_that_overwrote_history_poisons_the_cache() {
 #[test]
 fn a_failed_forward_inside_a_speculation_poisons_the_cache() {
     for name in ["draft", "target"] {
-        let model = load(name);
+        let model = shipped_on_cpu(name);
         for strategy in strategies() {
             let mut cache = trapped_cache(&model, strategy, 20);
             {

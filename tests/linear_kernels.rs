@@ -6,14 +6,12 @@
 //! same token has, which keeps greedy speculation equal to greedy decoding in half precision
 //! (on the CPU the AVX-512 kernel keeps the same promise, checked in `nn::skinny`'s tests; its
 //! AVX2 and portable fallbacks make none: f32 keeps them exact enough there).
-use candle_core::{DType, Device, Tensor};
-use specdec::nn::Linear;
+mod common;
 
-#[path = "common/device.rs"]
-mod device;
-#[path = "common/host.rs"]
-mod host;
-use host::{host, values};
+use candle_core::{DType, Device, Tensor};
+use common::device;
+use common::host::{host, values};
+use specdec::nn::Linear;
 
 /// Whether a GEMV kernel takes every row count of this product on the test device (CUDA,
 /// `fused::gemv`'s shape conditions).

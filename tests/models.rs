@@ -9,17 +9,19 @@
 //!
 //! Logit tolerance: `max |ours - ref| <= 1e-4 * max |ref|` over the whole `[positions, vocab]`
 //! matrix (a relative bound on the largest error, scaled by the largest logit).
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use common::checkpoint::{load, load_on_cpu, load_with, repo_path};
+use common::device;
+use common::host::rel_err;
 use serde_json::{json, Value};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{DTypeChoice, LoadOptions, Model};
 use specdec::nn::LayerKind;
-
-#[path = "common/device.rs"]
-mod device;
 
 /// Relative logit tolerance: 1e-4 in f32. For a half-precision test pass
 /// (`SPECDEC_TEST_DTYPE=bf16|f16`, weights and activations rounded to 8 or 11 mantissa bits,
@@ -33,6 +35,10 @@ fn tol() -> f32 {
         DTypeChoice::F32 | DTypeChoice::Auto => 1e-4,
     }
 }
+
+/// Floor of the scale in [`rel_err`] (an all-zero reference).
+const MIN_SCALE: f32 = 1e-12;
+
 const STRATEGIES: [RotatingStrategy; 2] = [
     RotatingStrategy::Staged,
     RotatingStrategy::Slack { max_draft: 8 },
@@ -40,28 +46,8 @@ const STRATEGIES: [RotatingStrategy; 2] = [
 
 // ---------------------------------------------------------------- helpers
 
-fn load(dir: &Path) -> Model {
-    Model::load(dir, &device::load_options())
-        .unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
-}
-
-/// `max |a - b| / max |b|`, computed in f32 on the CPU (either may live on the test device).
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let host = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-    };
-    let (a, b) = (&host(a), &host(b));
-    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-    let scale = b.abs().unwrap().max_all().unwrap();
-    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
-}
-
 fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
-    let (err, tol) = (rel_err(a, b), tol());
+    let (err, tol) = (rel_err(a, b, MIN_SCALE), tol());
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
@@ -524,7 +510,7 @@ fn both_config_spellings_give_the_same_model() {
             full_logits(&v4, &tokens, STRATEGIES[0]),
             full_logits(&v5, &tokens, STRATEGIES[0]),
         );
-        assert_eq!(rel_err(&a, &b), 0.0, "{}", case.name);
+        assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0, "{}", case.name);
     }
 }
 
@@ -563,8 +549,7 @@ fn layer_kinds_follow_the_config() {
 fn bf16_checkpoints_load_as_f32_on_cpu() {
     let root = tempfile::tempdir().unwrap();
     let case = &tiny_cases()[0];
-    let cpu = |dir: &Path| Model::load(dir, &LoadOptions::default()).unwrap();
-    let model = cpu(&write_tiny(root.path(), case, true, DType::BF16));
+    let model = load_on_cpu(&write_tiny(root.path(), case, true, DType::BF16));
     assert_eq!(model.info().dtype, DType::F32);
     let tokens = test_tokens(12, 64);
     // Same weights rounded to bf16 and stored as f32: identical model.
@@ -584,12 +569,12 @@ fn bf16_checkpoints_load_as_f32_on_cpu() {
         .collect();
     let dir = root.path().join("rounded");
     write_checkpoint(&dir, &case.v5, &rounded, DType::F32, 1);
-    let reference = cpu(&dir);
+    let reference = load_on_cpu(&dir);
     let (a, b) = (
         full_logits(&model, &tokens, STRATEGIES[0]),
         full_logits(&reference, &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 }
 
 #[test]
@@ -615,7 +600,7 @@ fn multimodal_gemma3_reads_the_nested_text_model() {
         full_logits(&multi, &tokens, STRATEGIES[0]),
         full_logits(&text, &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 }
 
 #[test]
@@ -635,7 +620,7 @@ fn gemma3_ignores_attn_logit_softcapping_like_transformers() {
         full_logits(&capped, &tokens, STRATEGIES[0]),
         full_logits(&load(&dir), &tokens, STRATEGIES[0]),
     );
-    assert_eq!(rel_err(&a, &b), 0.0);
+    assert_eq!(rel_err(&a, &b, MIN_SCALE), 0.0);
 
     let config = merge(
         case.v5.clone(),
@@ -671,7 +656,7 @@ fn attention_softcap_decodes_incrementally() {
     };
     let full = run(&capped, tokens.len(), STRATEGIES[0]);
     assert!(
-        rel_err(&run(&plain, tokens.len(), STRATEGIES[0]), &full) > 1e-3,
+        rel_err(&run(&plain, tokens.len(), STRATEGIES[0]), &full, MIN_SCALE) > 1e-3,
         "softcap has no effect"
     );
     for strategy in STRATEGIES {
@@ -851,9 +836,7 @@ struct Reference {
 }
 
 fn fixture_dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(case)
+    repo_path("tests/fixtures/hf").join(case)
 }
 
 /// The fixture dir as saved (5.x config) and a copy with `config.v4.json` as `config.json`.
@@ -911,7 +894,10 @@ fn logits_match_transformers() {
         let expected =
             Tensor::from_vec(flat, (rows, model.info().vocab_size), &Device::Cpu).unwrap();
         let ours = full_logits(model, &reference.input_ids, STRATEGIES[0]);
-        eprintln!("{label}: relative error {:e}", rel_err(&ours, &expected));
+        eprintln!(
+            "{label}: relative error {:e}",
+            rel_err(&ours, &expected, MIN_SCALE)
+        );
         assert_close(
             &format!("{label}: logits vs transformers"),
             &ours,
@@ -949,16 +935,19 @@ fn half_dtypes_run_on_the_cpu_close_to_f32() {
         (DTypeChoice::F16, DType::F16, 1e-2),
         (DTypeChoice::BF16, DType::BF16, 5e-2),
     ] {
-        let model = Model::load(
+        let model = load_with(
             &dir,
             &LoadOptions {
                 device: Device::Cpu,
                 dtype: choice,
             },
-        )
-        .unwrap();
+        );
         assert_eq!(model.info().dtype, dtype);
-        let err = rel_err(&full_logits(&model, &tokens, STRATEGIES[0]), &f32_logits);
+        let err = rel_err(
+            &full_logits(&model, &tokens, STRATEGIES[0]),
+            &f32_logits,
+            MIN_SCALE,
+        );
         assert!(err < tol, "{dtype:?}: relative error {err}");
     }
 }

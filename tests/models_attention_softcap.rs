@@ -4,14 +4,18 @@
 //! Gemma 3, like our loader, ignores the key). A decoder built from the fixture's config with
 //! the softcap switched on must match it, in one forward and decoding one token at a time
 //! under both rotating strategies; the plain loader must not (the fixture is sensitive to it).
-use std::path::Path;
+mod common;
 
 use candle_core::{DType, Device, Tensor};
+use common::checkpoint::{load_on_cpu, repo_path};
+use common::host::rel_err;
 use specdec::cache::RotatingStrategy;
-use specdec::models::{decoder_spec, DTypeChoice, HfConfig, LoadOptions, Model};
+use specdec::models::{decoder_spec, HfConfig};
 use specdec::nn::{Decoder, Weights};
 
 const TOL: f32 = 1e-4;
+/// Floor of the scale in [`rel_err`] (an all-zero reference).
+const MIN_SCALE: f32 = 1e-12;
 
 #[derive(serde::Deserialize)]
 struct Reference {
@@ -19,17 +23,9 @@ struct Reference {
     logits: Vec<Vec<f32>>,
 }
 
-/// `max |a - b| / max |b|`.
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-    let scale = b.abs().unwrap().max_all().unwrap();
-    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
-}
-
 #[test]
 fn attention_softcap_matches_transformers() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/gemma3_attn_softcap");
+    let dir = repo_path("tests/fixtures/hf/gemma3_attn_softcap");
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let r: Reference = serde_json::from_str(&text).unwrap();
     let config: serde_json::Value =
@@ -53,7 +49,7 @@ fn attention_softcap_matches_transformers() {
     ] {
         let mut cache = capped.new_cache(strategy).unwrap();
         let full = capped.forward(&r.input_ids, &mut cache).unwrap();
-        let err = rel_err(&full, &expected);
+        let err = rel_err(&full, &expected, MIN_SCALE);
         assert!(
             err <= TOL,
             "{strategy:?}, one forward: relative error {err:e}"
@@ -64,20 +60,20 @@ fn attention_softcap_matches_transformers() {
             .iter()
             .map(|&t| capped.forward(&[t], &mut cache).unwrap())
             .collect();
-        let err = rel_err(&Tensor::cat(&rows, 0).unwrap(), &expected);
+        let err = rel_err(&Tensor::cat(&rows, 0).unwrap(), &expected, MIN_SCALE);
         assert!(
             err <= TOL,
             "{strategy:?}, one token at a time: relative error {err:e}"
         );
     }
 
-    let options = LoadOptions {
-        device: Device::Cpu,
-        dtype: DTypeChoice::Auto,
-    };
-    let plain = Model::load(&dir, &options).unwrap();
+    let plain = load_on_cpu(&dir);
     let mut cache = plain.new_cache(RotatingStrategy::Staged).unwrap();
-    let err = rel_err(&plain.forward(&r.input_ids, &mut cache).unwrap(), &expected);
+    let err = rel_err(
+        &plain.forward(&r.input_ids, &mut cache).unwrap(),
+        &expected,
+        MIN_SCALE,
+    );
     assert!(
         err > 100.0 * TOL,
         "the fixture does not depend on the softcap: {err:e}"

@@ -4,16 +4,18 @@
 //! forward (the table grows once, before any rotation) and a prefill of 2040 tokens followed by
 //! one-token steps across 2048 (the table grows mid-decode, for both rotating strategies) must
 //! both match them. Tolerance as in `tests/models.rs`: `max |ours - ref| <= 1e-4 max |ref|`.
-use std::path::Path;
+mod common;
 
 use candle_core::{Device, Tensor};
+use common::checkpoint::{load_with, repo_path};
+use common::device;
+use common::host::rel_err;
 use specdec::cache::RotatingStrategy;
-use specdec::models::{DTypeChoice, LoadOptions, Model};
-
-#[path = "common/device.rs"]
-mod device;
+use specdec::models::{DTypeChoice, LoadOptions};
 
 const TOL: f32 = 1e-4;
+/// Floor of the scale in [`rel_err`] (an all-zero reference).
+const MIN_SCALE: f32 = 1e-12;
 
 #[derive(serde::Deserialize)]
 struct LongReference {
@@ -22,24 +24,9 @@ struct LongReference {
     long_logits: Vec<Vec<f32>>,
 }
 
-/// `max |a - b| / max |b|`, in f32 on the CPU (the model may run on the test device).
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let host = |t: &Tensor| {
-        t.to_device(&Device::Cpu)
-            .unwrap()
-            .to_dtype(candle_core::DType::F32)
-            .unwrap()
-    };
-    let (a, b) = (&host(a), &host(b));
-    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-    let scale = b.abs().unwrap().max_all().unwrap();
-    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(1e-12)
-}
-
 #[test]
 fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/gemma3_linear");
+    let dir = repo_path("tests/fixtures/hf/gemma3_linear");
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let r: LongReference = serde_json::from_str(&text).unwrap();
     let (ids, from) = (&r.long_input_ids, r.long_logits_from);
@@ -53,7 +40,7 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
         dtype: DTypeChoice::F32,
     };
     // The RoPE tables live in the model: a fresh load for every path, so each one grows them.
-    let load = || Model::load(&dir, &options).unwrap();
+    let load = || load_with(&dir, &options);
     let vocab = load().info().vocab_size;
     let flat: Vec<f32> = r.long_logits.iter().flatten().copied().collect();
     let expected = Tensor::from_vec(flat, (ids.len() - from, vocab), &Device::Cpu).unwrap();
@@ -62,7 +49,7 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
     let mut cache = model.new_cache(RotatingStrategy::Staged).unwrap();
     let full = model.forward(ids, &mut cache).unwrap();
     let full = full.narrow(0, from, ids.len() - from).unwrap();
-    let err = rel_err(&full, &expected);
+    let err = rel_err(&full, &expected, MIN_SCALE);
     assert!(err <= TOL, "one forward: relative error {err:e}");
 
     for strategy in [
@@ -77,7 +64,7 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
             .map(|&t| model.forward(&[t], &mut cache).unwrap())
             .collect();
         let steps = Tensor::cat(&rows, 0).unwrap();
-        let err = rel_err(&steps, &expected);
+        let err = rel_err(&steps, &expected, MIN_SCALE);
         assert!(
             err <= TOL,
             "{strategy:?}, one token at a time: relative error {err:e}"

@@ -3,12 +3,11 @@
 //! exact output distribution enumerated with a scripted random number generator, no
 //! sampling noise.
 mod common;
-mod distribution;
 
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use distribution::oracle_probs;
+use common::distribution::oracle_probs;
 use rand::{Rng, RngCore};
 use specdec::speculative::{verify, SamplingParams, Verdict};
 

@@ -4,30 +4,24 @@
 //! budget 30), and no width-2 tree under a smaller budget needs fewer steps.
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use common::run::fresh;
+
+use common::checkpoint::{repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
-use specdec::models::{load_tokenizer, LoadOptions, Model};
+use specdec::models::load_tokenizer;
 use specdec::speculative::{
     draft_ranks, full_tree_steps, Drafting, GammaPolicy, GenParams, ModelDrafter, ResidualRule,
     SamplingParams, TreeParams,
 };
 
-fn load(name: &str) -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name);
-    Model::load(&dir, &LoadOptions::default()).expect("the shipped model loads")
-}
-
 #[test]
 fn the_full_tree_bound_matches_decoding_on_the_trained_pair() {
-    let target = load("target");
-    let draft = Arc::new(load("draft"));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/target");
+    let target = shipped_on_cpu("target");
+    let draft = Arc::new(shipped_on_cpu("draft"));
+    let dir = repo_path("models/target");
     let tok = load_tokenizer(&dir).expect("tokenizer");
     let text = "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n";
     let p = tok.encode(text, false).expect("encode").get_ids().to_vec();

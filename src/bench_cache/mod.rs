@@ -3,6 +3,10 @@
 //! K/V, then commit or roll back) on one layer of realistic shape, and report µs per step,
 //! bytes copied per step and extra memory held.
 //!
+//! The strategies compared ([`RollbackStrategy`], each driving a [`StrategyCache`]) live in
+//! `strategy`: the transactional caches of [`crate::cache`] and baselines that exist only for
+//! this comparison.
+//!
 //! ```text
 //! BenchConfig (TOML, defaults built in) ─► validate()
 //!   ─► per length: one prefilled cache per layout, snapshotted ─► per strategy: restore it
@@ -11,16 +15,17 @@
 
 mod report;
 mod run;
+mod strategy;
 
 use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::cache::RollbackStrategy;
 use crate::error::{Error, Result};
 
 pub use report::{csv, markdown, target_checks, write_plots, write_results, BenchOutcome};
 pub use run::{measure, prefilled, step_kv, BenchRow};
+pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 
 /// How many of the γ drafts each step accepts. A step appends γ+1 tokens (the current token
 /// and the drafts) and keeps the current token plus the accepted drafts.

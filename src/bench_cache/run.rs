@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 
+use super::strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 use super::{BenchConfig, Pattern};
 use crate::cache::{
-    CacheSnapshot, KvCache, LayerCache, Layout, ModelCache, RollbackStrategy, RotatingKvCache,
-    RotatingStrategy, StepCost, StrategyCache, StrategySpec,
+    CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };
 use crate::error::Result;
+use crate::stats::median;
 
 /// One cell of the grid.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +188,8 @@ fn measure_cell(
         costs.push(step(cache)?);
     }
     let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let steps: Vec<f64> = costs.iter().map(|c| us(c.append + c.finish)).collect();
+    let rollbacks: Vec<f64> = costs.iter().map(|c| us(c.finish)).collect();
     let n = costs.len();
     Ok(BenchRow {
         strategy: cache.strategy(),
@@ -194,8 +197,9 @@ fn measure_cell(
         gamma: cell.gamma,
         pattern: cell.pattern,
         runs: n,
-        step_us: median(costs.iter().map(|c| us(c.append + c.finish)).collect()),
-        rollback_us: median(costs.iter().map(|c| us(c.finish)).collect()),
+        // No timed step (a grid with `max_runs = 0`) reports 0 µs.
+        step_us: median(&steps).unwrap_or(0.0),
+        rollback_us: median(&rollbacks).unwrap_or(0.0),
         bytes_copied: costs.iter().map(|c| c.bytes_copied as f64).sum::<f64>() / n as f64,
         bytes_held: costs.iter().map(|c| c.bytes_held).max().unwrap_or(0),
     })
@@ -216,20 +220,11 @@ fn heap_path(node: usize) -> Vec<usize> {
 /// Median µs of an empty timed region (`Instant::now()` then `elapsed()`): the smallest time
 /// the benchmark can report.
 pub fn timer_floor_us() -> f64 {
-    let samples = (0..10_000)
+    let samples: Vec<f64> = (0..10_000)
         .map(|_| {
             let start = Instant::now();
             start.elapsed().as_secs_f64() * 1e6
         })
         .collect();
-    median(samples)
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
+    median(&samples).unwrap_or(0.0)
 }

@@ -17,7 +17,6 @@ mod mask;
 mod model;
 mod prefix;
 mod rotating;
-mod strategy;
 mod tree;
 
 use candle_core::Tensor;
@@ -29,8 +28,9 @@ pub use mask::{KeyOrder, Mask};
 pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
 pub use prefix::PrefixStore;
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
-pub use strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
 pub use tree::TokenTree;
+
+pub(crate) use tree::path_moves;
 
 /// What attention needs after a cache update.
 ///

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::report::PointSummary;
 use super::stats::median;
 use crate::speculative::GenerationRecord;
+use crate::stats::ratio;
 
 /// Relative distance between the measured speedup and (b) above which a row is flagged.
 pub const TOLERANCE: f64 = 0.10;
@@ -56,10 +57,6 @@ pub struct Measured {
     pub interval: (f64, f64),
     /// Median paired speedup of the decode phase (wall − prefill).
     pub decode_speedup: Option<f64>,
-}
-
-fn ratio(num: f64, den: f64) -> Option<f64> {
-    (den > 0.0 && num.is_finite()).then(|| num / den)
 }
 
 /// The terms of one pair: (t, γc, v, o, τ); `None` when a term cannot be measured (no

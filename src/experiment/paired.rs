@@ -2,9 +2,10 @@
 //! turn):
 //! the speedup with its interval, the decode-phase speedup, c and the cost model.
 use super::cost::{cost_model, Measured};
-use super::report::{ratio, PointSummary};
+use super::report::PointSummary;
 use super::runner::ResultRecord;
 use super::stats::{median, median_interval, paired_ratios};
+use crate::stats::ratio;
 
 /// Fills `row`'s speedups (every point) and, for speculative points, `cost_ratio` and `cost`
 /// from the records of `row.point` and of its baseline `base`.

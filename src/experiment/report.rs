@@ -8,6 +8,7 @@ use super::paired::against_baseline;
 use super::runner::ResultRecord;
 use super::stats::median;
 use super::sweep::SweepPoint;
+use crate::stats::ratio;
 
 /// The measurements of one sweep point over all prompts (sums, then ratios of sums).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -107,10 +108,6 @@ impl PointSummary {
             predicted_speedup: None,
         }
     }
-}
-
-pub(crate) fn ratio(num: f64, den: f64) -> Option<f64> {
-    (den > 0.0).then(|| num / den)
 }
 
 /// Sums the records of each point (in `points` order), then derives the ratios; speedups,

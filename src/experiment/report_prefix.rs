@@ -3,20 +3,8 @@
 //! the same point with it off: identical greedy outputs, time-to-first-token ratio), and
 //! acceptance per turn.
 use super::runner::ResultRecord;
+use super::stats::median;
 use super::sweep::SweepPoint;
-
-/// Median of `values` (`None` when empty).
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    Some(match n % 2 {
-        1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    })
-}
 
 fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |s| format!("{:.2}", s * 1e3))
@@ -49,7 +37,7 @@ pub fn prefill_section(points: &[SweepPoint], records: &[ResultRecord]) -> Strin
             rs.iter()
                 .map(|r| r.generation.prefill_tokens_reused)
                 .sum::<usize>(),
-            ms(median(ttft)),
+            ms(median(&ttft)),
             ms(Some(mean)),
         );
     }
@@ -93,7 +81,9 @@ pub fn store_section(points: &[SweepPoint], records: &[ResultRecord]) -> String 
                 }
             }
         }
-        let ttft = |rs: &[&ResultRecord]| median(rs.iter().map(|r| r.generation.ttft_s).collect());
+        let ttft = |rs: &[&ResultRecord]| {
+            median(&rs.iter().map(|r| r.generation.ttft_s).collect::<Vec<_>>())
+        };
         let (t_on, t_off) = (ttft(&on_rs), ttft(&off_rs));
         let ratio = match (t_on, t_off) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),

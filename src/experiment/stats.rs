@@ -2,28 +2,14 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use crate::stats::median;
+
 /// Bootstrap resamples per interval: enough for stable 2.5% / 97.5% percentiles, cheap next
 /// to a run (a few ms for hundreds of pairs).
 pub const BOOTSTRAP_RESAMPLES: usize = 2000;
 
 /// Fixed seed of the bootstrap, so the same records give the same interval.
 const BOOTSTRAP_SEED: u64 = 0x5eed_b007;
-
-/// The median of `values` (the mean of the two middle values for an even count); `None` for
-/// no values. NaNs sort last.
-pub fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
 
 /// The `q`-quantile (0..=1) of sorted `v` by linear interpolation between closest ranks.
 fn quantile_sorted(v: &[f64], q: f64) -> f64 {
@@ -84,14 +70,6 @@ pub fn paired_ratios<K: PartialEq>(a: &[(K, f64)], b: &[(K, f64)]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0]), Some(3.0));
-        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-    }
 
     #[test]
     fn paired_ratios_match_keys_not_positions() {

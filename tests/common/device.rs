@@ -1,4 +1,3 @@
-#![allow(dead_code)]
 //! The device the test suite runs on: `SPECDEC_TEST_DEVICE` = `cpu` (default), `cuda` or
 //! `metal`, optionally with an ordinal (`cuda:1`). Tests build their tensors and load their
 //! models here, so the same equivalence tests prove a GPU backend.

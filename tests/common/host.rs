@@ -1,5 +1,4 @@
-#![allow(dead_code)]
-//! Host-side inputs and read-back shared by the kernel tests.
+//! Host-side inputs, read-back, and the relative error the parity tests compare logits by.
 use candle_core::{DType, Device, Tensor};
 
 /// Deterministic values in [-scale, scale) (xorshift; the same sequence for a seed).
@@ -25,4 +24,22 @@ pub fn host(t: &Tensor) -> Vec<f32> {
         .unwrap()
         .to_vec1::<f32>()
         .unwrap()
+}
+
+/// `max |a - b| / max(max |b|, min_scale)`, in f32 on the CPU (either may live on the test
+/// device): the largest error relative to the largest reference value. `min_scale` keeps an
+/// all-zero reference from dividing by zero (the model tests use 1e-12, the decode-path tests
+/// `f32::MIN_POSITIVE`).
+pub fn rel_err(a: &Tensor, b: &Tensor, min_scale: f32) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    let on_host = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let (a, b) = (&on_host(a), &on_host(b));
+    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+    let scale = b.abs().unwrap().max_all().unwrap();
+    diff.to_scalar::<f32>().unwrap() / scale.to_scalar::<f32>().unwrap().max(min_scale)
 }

@@ -2,18 +2,16 @@
 //! `SamplingParams::probs` or `verify`: an independent reference for the sampling filters
 //! ([`oracle_probs`]), the exact distribution of whole generations under the target
 //! ([`exact_sequences`]), and Pearson's chi-square at a fixed significance ([`judge`]).
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 
-use crate::common::run::fresh;
+use super::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::RotatingStrategy;
 use specdec::speculative::{
     Drafter, Drafting, GenParams, LanguageModel, SamplingParams, TreeParams, Verifier,
 };
 
-use crate::common::Toy;
+use super::Toy;
 
 /// Upper-tail quantile of the standard normal for significance 0.001.
 const Z_001: f64 = 3.090_232;

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
-use super::tree::path_moves;
-use super::{CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy};
+use crate::cache::{
+    path_moves, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache,
+    RotatingStrategy,
+};
 use crate::error::Result;
 
 /// The cache layout a baseline strategy runs on.
@@ -24,8 +26,8 @@ pub enum Layout {
 /// How a speculative step is undone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RollbackStrategy {
-    /// [`KvCache`] inside a [`super::Speculation`]: write through, rollback moves the offset
-    /// back (O(1)).
+    /// [`KvCache`] inside a [`crate::cache::Speculation`]: write through, rollback moves the
+    /// offset back (O(1)).
     KvRewind,
     /// [`RotatingKvCache`] with [`RotatingStrategy::Staged`]: drafts wait in a side buffer;
     /// commit copies the kept prefix into the ring (O(keep)).
@@ -94,8 +96,8 @@ impl RollbackStrategy {
         }
     }
 
-    /// True for the strategies that roll back inside a [`super::Speculation`] (and so can
-    /// commit a token tree's path).
+    /// True for the strategies that roll back inside a [`crate::cache::Speculation`] (and so
+    /// can commit a token tree's path).
     pub fn transactional(self) -> bool {
         matches!(
             self,
@@ -215,7 +217,7 @@ impl StrategyCache {
     /// Replaces the committed state with `snapshot` at `target` (see
     /// [`ModelCache::restore`]); lets many caches start from one prefill. The snapshot must
     /// come from a cache of the same layout, layer count and window.
-    pub fn restore_from(&mut self, snapshot: &super::CacheSnapshot, target: usize) -> Result<()> {
+    pub fn restore_from(&mut self, snapshot: &CacheSnapshot, target: usize) -> Result<()> {
         self.cache.reset();
         self.cache.restore(Some(snapshot), target)?;
         if let Some(h) = &mut self.history {

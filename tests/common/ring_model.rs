@@ -1,7 +1,6 @@
 //! An independent model of a rotating cache's ring for the cache property tests: which
 //! (position, token) each slot holds, written from the definition of canonical placement, so
 //! that a restore's reachability is decided without the cache's own bookkeeping.
-#![allow(dead_code)]
 
 /// What a rotating layer's ring physically holds, written from the definition (the token at
 /// position `p` goes to slot `p % capacity`) without the cache's bookkeeping: each slot's
