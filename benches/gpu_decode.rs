@@ -208,14 +208,14 @@ fn stages(model: &Model) -> Vec<(String, f64)> {
     next = finish(&model.forward_last(&[next], &mut cache).expect("warm"));
     // Stages exist on the ordinary path only (a replayed graph is one launch).
     let graphs = specdec::nn::graphs_enabled();
-    specdec::nn::set_cuda_graphs(false);
+    set_cuda_graphs(false);
     specdec::nn::profile::enable(true);
     for _ in 0..PROFILE_STEPS {
         next = finish(&model.forward_last(&[next], &mut cache).expect("decode"));
     }
     let times = specdec::nn::profile::take();
     specdec::nn::profile::enable(false);
-    specdec::nn::set_cuda_graphs(graphs);
+    set_cuda_graphs(graphs);
     times
         .into_iter()
         .map(|(name, spent, _)| {
@@ -231,7 +231,7 @@ fn stages(model: &Model) -> Vec<(String, f64)> {
 fn prefill_stages(model: &Model, n: usize) -> Vec<(String, f64)> {
     let prompt = tokens(n, model.info().vocab_size, 3);
     let graphs = specdec::nn::graphs_enabled();
-    specdec::nn::set_cuda_graphs(false);
+    set_cuda_graphs(false);
     specdec::nn::profile::enable(true);
     finish(
         &model
@@ -240,16 +240,32 @@ fn prefill_stages(model: &Model, n: usize) -> Vec<(String, f64)> {
     );
     let times = specdec::nn::profile::take();
     specdec::nn::profile::enable(false);
-    specdec::nn::set_cuda_graphs(graphs);
+    set_cuda_graphs(graphs);
     times
         .into_iter()
         .map(|(name, spent, _)| (name.to_string(), spent.as_secs_f64()))
         .collect()
 }
 
+/// Turns graph replay of short CUDA steps on or off (the engine option `cuda_graphs`; a
+/// change makes the model record its steps anew).
+fn set_cuda_graphs(on: bool) {
+    let options = specdec::engine::EngineOptions {
+        cuda_graphs: on,
+        ..specdec::engine::get()
+    };
+    specdec::engine::set(options).unwrap_or_else(|e| panic!("engine options: {e}"));
+}
+
 fn main() {
-    // Single-threaded, like `exp`: graph replay on unless SPECDEC_CUDA_GRAPHS=0.
-    specdec::nn::set_cuda_graphs(std::env::var("SPECDEC_CUDA_GRAPHS").map_or(true, |v| v != "0"));
+    // Single-threaded, like `exp`: graph replay on unless SPECDEC_CUDA_GRAPHS=0 (every
+    // engine option's `SPECDEC_*` override applies).
+    let options = specdec::engine::env::overrides(specdec::engine::EngineOptions {
+        cuda_graphs: true,
+        ..specdec::engine::get()
+    })
+    .unwrap_or_else(|e| panic!("engine options from the environment: {e}"));
+    specdec::engine::set(options).unwrap_or_else(|e| panic!("engine options: {e}"));
     let device = device();
     let dirs: Vec<PathBuf> = match std::env::var("SPECDEC_BENCH_MODEL") {
         Ok(s) => s.split(',').map(PathBuf::from).collect(),

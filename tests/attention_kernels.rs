@@ -203,6 +203,14 @@ fn inputs(c: Case, dtype: DType) -> (Tensor, Tensor, Tensor) {
     (q, buffer(2), buffer(3))
 }
 
+/// The engine options with the environment's `SPECDEC_*` overrides applied
+/// (`scripts/gpu-tests.sh` runs this binary again under other kernel choices).
+fn engine_from_env() {
+    let options =
+        specdec::engine::env::overrides(specdec::engine::get()).expect("SPECDEC_* overrides");
+    specdec::engine::set(options).expect("engine options");
+}
+
 fn check(c: Case, dtype: DType, tol: f32) {
     let len = c.history + c.t;
     let (q, kb, vb) = inputs(c, dtype);
@@ -229,6 +237,7 @@ fn check(c: Case, dtype: DType, tol: f32) {
 
 #[test]
 fn causal_attention_matches_the_formula_in_f32() {
+    engine_from_env();
     for c in cases() {
         check(c, DType::F32, 1e-4);
     }
@@ -239,6 +248,7 @@ fn causal_attention_matches_the_formula_in_f32() {
 /// bits of mantissa.
 #[test]
 fn causal_attention_matches_the_formula_in_half_precision() {
+    engine_from_env();
     for c in cases() {
         check(c, DType::BF16, 2e-2);
         check(c, DType::F16, 4e-3);
@@ -252,6 +262,7 @@ fn causal_attention_matches_the_formula_in_half_precision() {
 /// within f32 rounding.
 #[test]
 fn block_rows_equal_each_row_alone() {
+    engine_from_env();
     let dev = device::device();
     for c in cases().into_iter().filter(|c| c.t <= SPLIT_MAX_ROWS) {
         // Elsewhere in f32 only: the candle paths promise no half-precision bits.

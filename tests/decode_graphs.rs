@@ -1,5 +1,6 @@
 //! Steps replayed as recorded CUDA graphs (the split attention kernel with RoPE and the K/V
-//! store fused in, or RoPE's own kernel before it with `SPECDEC_FUSED_ROPE=0`, reading the
+//! store fused in, or RoPE's own kernel before it with the engine option `fused_rope` off
+//! (`SPECDEC_FUSED_ROPE=0` in the environment, applied by this test), reading the
 //! position from the device) compute what ordinary steps compute: a greedy
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
 //! new recordings), with a verification block of 5 tokens every 50 steps and a speculation
@@ -13,7 +14,8 @@
 //! prompt's greedy steps on a fresh cache and on a reused one, bit for bit.
 //!
 //! Its own test binary with one test: recording captures the device's whole stream, so no
-//! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
+//! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`). Switching
+//! graphs off and on changes the engine options, so later steps record anew.
 mod common;
 
 use candle_core::Tensor;
@@ -22,12 +24,26 @@ use common::decode::{argmax_rows, cache, tokens, tolerance, MIN_SCALE, TOL};
 use common::host::rel_err;
 use specdec::nn::{DeviceTokens, StepIds};
 
+/// Turns graph replay of short CUDA steps on or off (the engine option `cuda_graphs`).
+fn set_cuda_graphs(on: bool) {
+    let options = specdec::engine::EngineOptions {
+        cuda_graphs: on,
+        ..specdec::engine::get()
+    };
+    specdec::engine::set(options).expect("engine options");
+}
+
 /// Kernels of a recorded step allowed without a programmatic edge into them (candle's own
 /// launches and the kernel right after the first of them).
 const MAX_ORDINARY_EDGES: usize = 6;
 
 #[test]
 fn graph_steps_equal_ordinary_steps() {
+    // The environment's `SPECDEC_*` overrides (`scripts/gpu-tests.sh` runs this test again
+    // under other kernel choices).
+    let options =
+        specdec::engine::env::overrides(specdec::engine::get()).expect("SPECDEC_* overrides");
+    specdec::engine::set(options).expect("engine options");
     specdec::nn::count_graph_censuses(true);
     for name in ["draft", "target"] {
         let model = shipped(name);
@@ -39,7 +55,7 @@ fn graph_steps_equal_ordinary_steps() {
         let forced = tokens(300, vocab, 5);
         let run =
             |graphs: bool| -> (Vec<u32>, Vec<Tensor>) {
-                specdec::nn::set_cuda_graphs(graphs);
+                set_cuda_graphs(graphs);
                 let mut c = cache(&model);
                 let mut logits = model.forward_last(&prompt, &mut c).unwrap();
                 let (mut greedy, mut rows) = (Vec::new(), Vec::new());
@@ -47,9 +63,9 @@ fn graph_steps_equal_ordinary_steps() {
                     greedy.push(argmax_rows(&logits)[0]);
                     // Every seventh step of the graph run takes the ordinary path (as a prefill or
                     // a tree does between replays): the caches the two paths write must agree.
-                    specdec::nn::set_cuda_graphs(graphs && step % 7 != 3);
+                    set_cuda_graphs(graphs && step % 7 != 3);
                     logits = model.forward_last(&[next], &mut c).unwrap();
-                    specdec::nn::set_cuda_graphs(graphs);
+                    set_cuda_graphs(graphs);
                     if step % 50 == 0 {
                         rows.push(logits.clone());
                         // A verification block of 5 (its own recording), every row's logits,
@@ -159,7 +175,7 @@ fn graph_steps_equal_ordinary_steps() {
             }
         }
         let (without, without_rows) = run(false);
-        specdec::nn::set_cuda_graphs(true);
+        set_cuda_graphs(true);
         for (a, b) in with_rows.iter().zip(&without_rows) {
             let err = rel_err(a, b, MIN_SCALE);
             assert!(err <= tolerance(), "{name}: graph step differs by {err}");

@@ -106,7 +106,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // One sequence at a time on one thread: CUDA graph replay is safe here (see
     // `specdec::nn::graphs_enabled`); SPECDEC_CUDA_GRAPHS=0 turns it off.
-    specdec::nn::set_cuda_graphs(std::env::var("SPECDEC_CUDA_GRAPHS").map_or(true, |v| v != "0"));
+    let graphs = specdec::engine::EngineOptions {
+        cuda_graphs: true,
+        ..specdec::engine::get()
+    };
+    if let Err(e) = specdec::engine::env::overrides(graphs).and_then(specdec::engine::set) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     // The whole run on rayon's pool: candle's parallel CPU ops then start in place instead of
     // handing off to the pool from outside it (see `on_cpu_pool`).
     let result = specdec::nn::on_cpu_pool(|| match cli.command {

@@ -105,7 +105,8 @@ pub struct ModelInfo {
 }
 
 /// A loaded causal language model: weights only (`&self`); per-sequence state is the
-/// [`ModelCache`] passed to [`Model::forward`].
+/// [`ModelCache`] passed to its forwards ([`Decoder::forward`] and the others, through
+/// `Deref`; on the CPU they run on rayon's pool, see [`crate::nn::on_cpu_pool`]).
 #[derive(Debug)]
 pub struct Model {
     decoder: Decoder,
@@ -159,85 +160,9 @@ impl Model {
         })
     }
 
-    /// Logits for EVERY input position: f32 `[tokens.len(), vocab_size]` on the model's
-    /// device. Positions start at `cache.offset()`; every layer's cache grows by
-    /// `tokens.len()` (inside a `Speculation`, pass `spec.cache()`). On the CPU it runs on
-    /// rayon's pool (see [`crate::nn::on_cpu_pool`]).
-    pub fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        if self.device.is_cpu() {
-            crate::nn::on_cpu_pool(|| self.decoder.forward(tokens, cache))
-        } else {
-            self.decoder.forward(tokens, cache)
-        }
-    }
-
-    /// Like [`Model::forward`], but only the last position's logits (`[1, vocab_size]`): what
-    /// a prefill or a drafting step needs.
-    pub fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        if self.device.is_cpu() {
-            crate::nn::on_cpu_pool(|| self.decoder.forward_last(tokens, cache))
-        } else {
-            self.decoder.forward_last(tokens, cache)
-        }
-    }
-
-    /// [`Model::forward_last`] over ids a previous step left on the device (a greedy draft's
-    /// last token), not read back.
-    pub fn forward_last_device(
-        &self,
-        ids: &DeviceTokens,
-        cache: &mut ModelCache,
-    ) -> Result<Tensor> {
-        if self.device.is_cpu() {
-            crate::nn::on_cpu_pool(|| self.decoder.forward_last_device(ids, cache))
-        } else {
-            self.decoder.forward_last_device(ids, cache)
-        }
-    }
-
-    /// [`Model::forward`] over ids on the device (a verification block of greedy drafts no
-    /// host has read), not read back.
-    pub fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
-        if self.device.is_cpu() {
-            crate::nn::on_cpu_pool(|| self.decoder.forward_device(ids, cache))
-        } else {
-            self.decoder.forward_device(ids, cache)
-        }
-    }
-
-    /// The greedy tokens of a forward (see `LanguageModel::forward_argmax`), on the device.
-    pub fn forward_argmax(
-        &self,
-        ids: StepIds<'_>,
-        cache: &mut ModelCache,
-        last: bool,
-    ) -> Result<DeviceTokens> {
-        if self.device.is_cpu() {
-            crate::nn::on_cpu_pool(|| self.decoder.forward_argmax(ids, cache, last))
-        } else {
-            self.decoder.forward_argmax(ids, cache, last)
-        }
-    }
-
-    /// Empty caches for one sequence: a `KvCache` (step 256) per full-attention layer, a
-    /// `RotatingKvCache::new(window, strategy)` per sliding one.
-    pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
-        self.decoder.new_cache(strategy)
-    }
-
     /// What this model is.
     pub fn info(&self) -> &ModelInfo {
         &self.info
-    }
-
-    /// CUDA-graph steps recorded and kept for replay (see `Decoder::graph_recordings`).
-    pub fn graph_recordings(&self) -> usize {
-        self.decoder.graph_recordings()
-    }
-
-    /// Censuses of the CUDA-graph steps kept (see `Decoder::graph_censuses`).
-    pub fn graph_censuses(&self) -> Vec<(usize, crate::nn::GraphCensus)> {
-        self.decoder.graph_censuses()
     }
 
     /// The device weights live on.
@@ -246,21 +171,32 @@ impl Model {
     }
 }
 
+/// The decoder's methods (`forward`, `forward_last`, `new_cache`, `graph_recordings`, ...)
+/// are the model's: each is defined once, on [`Decoder`].
+impl std::ops::Deref for Model {
+    type Target = Decoder;
+
+    fn deref(&self) -> &Decoder {
+        &self.decoder
+    }
+}
+
+/// The decode loop's view of a model: [`Decoder`]'s forwards.
 impl crate::speculative::LanguageModel for Model {
     fn forward(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        Model::forward(self, tokens, cache)
+        self.decoder.forward(tokens, cache)
     }
 
     fn forward_last(&self, tokens: &[u32], cache: &mut ModelCache) -> Result<Tensor> {
-        Model::forward_last(self, tokens, cache)
+        self.decoder.forward_last(tokens, cache)
     }
 
     fn forward_last_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
-        Model::forward_last_device(self, ids, cache)
+        self.decoder.forward_last_device(ids, cache)
     }
 
     fn forward_device(&self, ids: &DeviceTokens, cache: &mut ModelCache) -> Result<Tensor> {
-        Model::forward_device(self, ids, cache)
+        self.decoder.forward_device(ids, cache)
     }
 
     fn forward_argmax(
@@ -269,11 +205,11 @@ impl crate::speculative::LanguageModel for Model {
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<DeviceTokens> {
-        Model::forward_argmax(self, ids, cache, last)
+        self.decoder.forward_argmax(ids, cache, last)
     }
 
     fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
-        Model::new_cache(self, strategy)
+        self.decoder.new_cache(strategy)
     }
 
     fn vocab_size(&self) -> usize {

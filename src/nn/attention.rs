@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use super::{fused, profile, Linear, RmsNorm, Rope};
+use super::linear::{Linear, RmsNorm};
+use super::rope::Rope;
+use super::{fused, profile};
 use crate::cache::{Attend, LayerCache};
 use crate::error::{Error, Result};
 

@@ -1,6 +1,7 @@
-//! Device-specific fused kernels behind device-generic calls: each returns `None` where no
-//! kernel applies (another device, an unsupported shape), and the caller takes its candle-op
-//! path.
+//! The device-generic way into specdec's fused kernels: each call returns `None` where no
+//! kernel applies (another device, an unsupported shape, an engine option switching it off),
+//! and the caller takes its candle-op path. The kernels themselves live in `cuda/`; the
+//! state of recorded CUDA graphs in `cuda/graph.rs` and `graphs.rs`.
 use candle_core::Tensor;
 
 use crate::error::Result;
@@ -30,10 +31,10 @@ pub fn split_attention(
 }
 
 /// `t`, a tensor one of our CUDA ops just made, kept alive while a graph records (its free
-/// then lands after every kernel of the step: see `graph_edges`).
+/// then lands after every kernel of the step: see `cuda/graph_edges.rs`).
 #[cfg(feature = "cuda")]
 pub(crate) fn made(t: Tensor) -> Tensor {
-    super::graph_edges::keep(&t);
+    super::cuda::graph_edges::keep(&t);
     t
 }
 
@@ -56,71 +57,6 @@ pub fn flash_attention(
     let _ = (q, k, v, window, softcap);
     Ok(None)
 }
-
-/// Whether short steps on CUDA replay recorded graphs. Off by default in the library, on in
-/// `exp` and the GPU benchmark; `SPECDEC_CUDA_GRAPHS=1` / `=0` in the environment or
-/// [`set_cuda_graphs`] decide.
-///
-/// The contract that makes it opt-in: recording captures everything queued on the device's
-/// one stream, so while a step records (the first step of a block length on a cache's
-/// buffers, again after they grow) no other thread may queue work on that device. `exp`
-/// decodes one sequence at a time on one thread; a test harness running tests in parallel
-/// does not.
-pub fn graphs_enabled() -> bool {
-    use std::sync::atomic::Ordering;
-    match GRAPHS.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("SPECDEC_CUDA_GRAPHS").is_ok_and(|v| v == "1");
-            GRAPHS.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
-        }
-        state => state == 1,
-    }
-}
-
-/// Turns graph replay of short CUDA steps on or off for the process (see
-/// [`graphs_enabled`] for the contract; recordings already made stay but go unused while
-/// off).
-pub fn set_cuda_graphs(on: bool) {
-    GRAPHS.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// A recorded CUDA graph step's nodes and edges (see [`count_graph_censuses`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GraphCensus {
-    pub nodes: usize,
-    pub kernels: usize,
-    /// Memory allocation and free nodes.
-    pub memory: usize,
-    pub edges: usize,
-    /// Programmatic (PDL) edges: one into each kernel that may start during the tail of the
-    /// kernel before it.
-    pub programmatic: usize,
-}
-
-/// Counts the nodes and edges of every CUDA graph recorded from now on, for
-/// `Decoder::graph_censuses` (about a thousand driver queries a recording, so off unless
-/// asked; `SPECDEC_GRAPH_CENSUS=1` also prints each). A no-op without CUDA.
-pub fn count_graph_censuses(on: bool) {
-    #[cfg(feature = "cuda")]
-    super::cuda_graph::count_censuses(on);
-    let _ = on;
-}
-
-/// Whether steps recorded on `device` ask for programmatic edges between their kernels:
-/// CUDA with compute capability 9.0 or newer, unless `SPECDEC_PDL=0` or
-/// `SPECDEC_GRAPH_PDL=0`.
-pub fn graph_pdl(device: &candle_core::Device) -> bool {
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = device {
-        return super::graph_edges::enabled() && super::cuda::pdl(dev);
-    }
-    let _ = device;
-    false
-}
-
-/// 0: not yet read from the environment; 1: on; 2: off.
-static GRAPHS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// True when `device` has specdec's own kernels (CUDA in a `cuda` build).
 pub fn has_kernels(device: &candle_core::Device) -> bool {
@@ -178,7 +114,8 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 
 /// Whether a step over the residual stream `x: [t, hidden]` folds its norms and residual
 /// adds into its products ([`folded_gemv`]): CUDA's tensor-core GEMV rows (bf16 / f16, at
-/// most 16 rows, `hidden` a multiple of 32), unless `SPECDEC_GEMV_FOLD=0`. A product the
+/// most 16 rows, `hidden` a multiple of 32), unless the engine option `gemv_fold` (or
+/// `tc_gemv`) is off. A product the
 /// kernel does not take still gets the right result from [`folded_gemv`]'s callers.
 pub fn folds(x: &Tensor) -> bool {
     #[cfg(feature = "cuda")]
@@ -209,7 +146,7 @@ pub enum Folded<'a> {
 /// between a step's products. The norm's row scale `rsqrt(mean(x²) + eps)` multiplies the
 /// sums instead of the inputs, so the result is the unfused path's up to one rounding (not
 /// bitwise), the same for a row at any row count. `None` off CUDA, for shapes the kernel does
-/// not take, or with `SPECDEC_GEMV_FOLD=0`.
+/// not take, or with the engine option `gemv_fold` off.
 pub fn folded_gemv(
     x: &Tensor,
     w: &Tensor,
@@ -239,8 +176,8 @@ pub fn folded_gemv(
 
 /// `silu(x gᵀ) * (x uᵀ)` for a few rows `x: [rows, in]` and a gated MLP's fused gate/up
 /// weight `w: [2 inter, in]` (gate rows first), in one GEMV whose blocks pair each gate row
-/// with its up row (CUDA, bf16 / f16), in the arithmetic of [`gemv`] then [`silu_mul`]. `None` off CUDA
-/// or for shapes it does not take.
+/// with its up row (CUDA, bf16 / f16), in the arithmetic of [`gemv`] then [`silu_mul`]. `None`
+/// off CUDA, for shapes it does not take, or with the engine option `silu_gate` off.
 pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::silu_gate_applies(x, w) {
@@ -342,18 +279,9 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
 pub(crate) fn argmax_on_device(logits: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if logits.device().is_cuda() && logits.rank() == 2 && logits.dtype().is_float() {
-        return Ok(logits
-            .contiguous()?
-            .apply_op1_no_bwd(&super::cuda::ArgmaxRows)?);
+        return Ok(super::cuda::argmax_on_device(logits)?);
     }
     Ok(logits.argmax(candle_core::D::Minus1)?)
-}
-
-/// [`argmax_on_device`] of the CUDA `logits: [rows, n]` (any float dtype) written into the
-/// u32 `ids: [rows]` in place (a recorded graph's output buffer).
-#[cfg(feature = "cuda")]
-pub(crate) fn argmax_into(logits: &Tensor, ids: &Tensor) -> Result<()> {
-    Ok(ids.inplace_op2(&logits.contiguous()?, &super::cuda::ArgmaxInto)?)
 }
 
 /// CUDA device `ordinal` on its own stream, which every thread's work then shares, with

@@ -1,7 +1,8 @@
 //! Gated feed-forward block: `down(act(gate(x)) * up(x))`.
 use candle_core::Tensor;
 
-use super::{profile, Linear, RmsNorm};
+use super::linear::{Linear, RmsNorm};
+use super::profile;
 use crate::error::{Error, Result};
 
 /// The gate activation.

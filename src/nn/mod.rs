@@ -5,19 +5,19 @@
 //! `[1, heads, tokens, head_dim]` as the cache layer stores K/V.
 
 mod attention;
+mod block;
 mod clock;
 #[cfg(feature = "cuda")]
 mod cuda;
-#[cfg(feature = "cuda")]
-mod cuda_graph;
 mod fused;
-#[cfg(feature = "cuda")]
-mod graph_edges;
+mod graphs;
 mod linear;
+mod loader;
 mod mlp;
 pub mod profile;
 mod rope;
 mod skinny;
+mod spec;
 mod threads;
 mod tokens;
 mod transformer;
@@ -29,15 +29,14 @@ pub use attention::{
 pub use clock::QueueMark;
 #[cfg(feature = "cuda")]
 pub use cuda::{kernel_trace, TraceRecord};
-pub use fused::{
-    argmax_rows, count_graph_censuses, folded_gemv, graph_pdl, graphs_enabled, open_cuda,
-    set_cuda_graphs, Folded, GraphCensus,
-};
+pub use fused::{argmax_rows, folded_gemv, open_cuda, Folded};
+pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, GraphCensus};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use skinny::skinny_matmul;
+pub use spec::{DecoderSpec, LayerKind, NormLayout};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
 pub use tokens::{DeviceTokens, StepIds};
-pub use transformer::{Decoder, DecoderSpec, LayerKind, NormLayout, GRAPH_MAX_ROWS};
+pub use transformer::{Decoder, GRAPH_MAX_ROWS};
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

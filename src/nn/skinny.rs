@@ -4,10 +4,9 @@
 //! size the product is bound by reading the weights from memory, so the best kernel streams
 //! each row of `W: [out, in]` (row-major, as PyTorch stores it) once and takes its dot
 //! product with every token row while it is in L1. candle's general gemm instead repacks `W`
-//! when `x` has more than one row: measured on the default target's weights (cold in cache,
-//! one thread), a 2–5 row product took 3–5× the time of a one-row product (`[1536, 256]`:
-//! 65–100 µs for one row, 290–420 µs for 5); this kernel took 130–155 µs for 5 rows. That is
-//! what lets verifying γ drafts cost not much more than one decode step.
+//! when `x` has more than one row, which made a 2–5 row product several times a one-row one
+//! (docs/kernel-notes.md, "CPU skinny products"). Reading `W` once is what lets verifying γ
+//! drafts cost not much more than one decode step.
 //!
 //! Kernels, picked at run time: AVX-512 ([`avx512`]: blocks of 8 weight rows × up to 3 token
 //! rows, each loaded vector used several times, a row's result independent of the row
@@ -28,17 +27,15 @@ pub const MAX_ROWS: usize = 16;
 
 /// The fewest rows it takes. One-token decode steps use it too, so that a decode step and a
 /// verification run the same kernel and a decode step never costs more than verifying two
-/// tokens (with candle's gemv for one row it did: 0.62 against 0.57 ms on the default
-/// target, a baseline handicap that inflated measured speedups). Against candle's gemv alone,
-/// one thread, warm weights: within ±15% either way over the default pair's shapes.
+/// tokens (with candle's gemv for one row it did, a baseline handicap that inflated measured
+/// speedups: docs/kernel-notes.md).
 pub const MIN_ROWS: usize = 1;
 
 /// Weights below which a product runs on the calling thread: waking the pool costs more than
 /// it saves. A count of weights, not of multiply-adds, so that a decode step splits exactly
-/// the products a verification splits (the bound is reading the weights). Measured on the
-/// 2-core machine (target, decode after 128 tokens): 0.52–0.53 ms per step with every target
-/// product split, 0.69–0.91 ms with the q/k/v, output and down projections of a decode step
-/// on one thread; their weights stream from L3, and two cores stream them faster than one.
+/// the products a verification splits (the bound is reading the weights). Small products
+/// are split too: their weights stream from L3, and two cores stream them faster than one
+/// (docs/kernel-notes.md).
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
 /// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32

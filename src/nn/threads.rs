@@ -24,7 +24,7 @@ pub fn pin_cpu_thread_count() {
 /// sleeps until a pool thread has run the op, two context switches per op. A decode forward
 /// has dozens of them; on the draft model they took about half of a forward (profiled: kernel
 /// scheduler time ~45% of samples). From a pool thread the op's first part runs in place. Run
-/// whole decode loops through this; [`crate::models::Model::forward`] also does, per forward,
+/// whole decode loops through this; [`super::Decoder::forward`] also does, per forward,
 /// for callers that do not.
 pub fn on_cpu_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     pin_cpu_thread_count();

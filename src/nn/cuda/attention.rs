@@ -7,12 +7,13 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
 
 use super::launch::Launch;
-use super::view;
+use super::op::view;
+use crate::engine::EngineOptions;
 
-/// Warps per block of the split kernel (`W` in kernels.cu) over caches shorter than
-/// [`wide_min_len`].
+/// Warps per block of the split kernel (`W` in attn_split.cu) over caches shorter than the
+/// option `attn_wide_min_len` (default 0: never).
 const WARPS: u32 = 4;
-/// Warps per block over caches of at least [`wide_min_len`] keys: one 32-key tile per warp
+/// Warps per block over caches of at least `attn_wide_min_len` keys: one 32-key tile per warp
 /// and split instead of two after each other, and twice the K/V loads in flight.
 const WIDE_WARPS: u32 = 8;
 
@@ -23,7 +24,7 @@ const WIDE_WARPS: u32 = 8;
 /// an 8k cache still spreads over 32 splits per head. The boundaries depend on the cache's
 /// capacity only, never on the row count, so verification rows stay bitwise decode rows.
 pub const SPLIT_LEN: usize = 256;
-/// Most splits (`MAX_SPLITS` in kernels.cu); longer caches take longer splits.
+/// Most splits (`MAX_SPLITS` in attn_split.cu); longer caches take longer splits.
 const MAX_SPLITS: usize = 512;
 
 /// Keys per split of a cache of `capacity` keys: [`SPLIT_LEN`], longer where that would
@@ -41,79 +42,20 @@ pub fn split_reach(capacity: usize, len: usize) -> usize {
     (len.max(1).div_ceil(s) * s).min(capacity)
 }
 /// Most blocks per query head: past `SPLIT_BLOCKS` splits a block takes several, one after
-/// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 512):
-/// with one block per split, the kernel took 11.6 µs per 8B-shaped layer at 128 tokens of
-/// context (ncu, H200), nearly all of its blocks without a key to read.
+/// another. A replayed graph's splits span the cache's capacity (a 128k-token cache: 512),
+/// and one block per split would launch blocks that nearly all have no key to read.
 const SPLIT_BLOCKS: usize = 64;
 /// Query heads of one kv head's group per block of the split kernel over caches of at least
-/// [`GROUPED_MIN_LEN`] keys (`HB` in kernels.cu): they share each K/V row the block loads.
+/// [`GROUPED_MIN_LEN`] keys (`HB` in attn_split.cu): they share each K/V row the block loads.
 /// Shorter caches take one block per query head, the shortest chain of dependent loads,
-/// except for blocks of several rows (see [`GROUPED_ROWS_MIN_LEN`]). Each head's arithmetic
+/// except for blocks of several rows (`attn_grouped_rows_min_len`). Each head's arithmetic
 /// is the same either way.
 const GROUPED_HEADS: usize = 4;
-/// Keys from which the split kernel groups query heads. Measured on the H200 (8B shape,
-/// 2026-11-23): grouped heads decoded 6% slower at 128 and 1,024 tokens of context and
-/// 2-3% faster at 4,096 and 8,000, where they verified 5 tokens 16-21% faster.
+/// Keys from which the split kernel groups query heads: below it, grouped heads decoded
+/// slower (docs/kernel-notes.md, "Split attention: grouped heads").
 const GROUPED_MIN_LEN: usize = 4096;
 
-/// Reach (keys, [`split_reach`]) from which a block of several rows (a verification block)
-/// groups query heads ([`ROWS_HEADS`] of them): it then reads each K/V row once per block
-/// instead of once per head. Every head sums as it would alone (see [`GROUPED_HEADS`]), so a
-/// verification row stays bitwise the decode step of its position. Measured on an H200
-/// (2026-11-26, 8B shape, 5 rows, four heads a block; chosen then by the capacity, which the
-/// reach now replaces): over 320 and 448 keys of a 768-key cache grouped rows verified in
-/// 4.30-4.35 ms against 4.37-4.59 ungrouped, over 384 keys of a 512-key cache in 4.32-4.35
-/// against 4.46-4.48; over 64 and 192 keys (one split) ungrouped rows were faster, 4.01-4.10
-/// against 4.04-4.26, and over 128 keys of a 256-key cache 4.05 against 4.15.
-const GROUPED_ROWS_MIN_LEN: usize = 512;
-
-/// [`GROUPED_ROWS_MIN_LEN`] unless `SPECDEC_ATTN_GROUPED_ROWS_MIN_LEN` says otherwise (read
-/// once; for comparisons in one build).
-fn grouped_rows_min_len() -> usize {
-    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LEN.get_or_init(|| {
-        std::env::var("SPECDEC_ATTN_GROUPED_ROWS_MIN_LEN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(GROUPED_ROWS_MIN_LEN)
-    })
-}
-
-/// Query heads a block of several rows groups (eight-warp kernels): [`ROWS_HEADS`] unless
-/// `SPECDEC_ATTN_ROWS_HEADS` says 4 (read once; for comparisons in one build).
-fn rows_heads() -> usize {
-    static HEADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *HEADS.get_or_init(
-        || match std::env::var("SPECDEC_ATTN_ROWS_HEADS").as_deref() {
-            Ok("4") => GROUPED_HEADS,
-            _ => ROWS_HEADS,
-        },
-    )
-}
-
-/// Query heads a block of a verification block groups (over a reach of at least
-/// [`GROUPED_ROWS_MIN_LEN`]; `HB` in kernels.cu). Measured on an H200 (2026-11-26, 8B shape,
-/// 5 rows over 320 and 448 keys of a 768-key cache, interleaved twice): two heads verified in
-/// 4.14-4.16 ms against 4.26-4.27 with four; the oracle benchmark 1.90x against 1.88x.
-const ROWS_HEADS: usize = 2;
-
-/// Rows from which a block groups query heads over caches of at least
-/// [`GROUPED_ROWS_MIN_LEN`] keys: `2` unless `SPECDEC_ATTN_GROUPED_MIN_ROWS` says otherwise
-/// (read once; `0` = never by rows, for comparisons in one build).
-fn grouped_min_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| {
-        match std::env::var("SPECDEC_ATTN_GROUPED_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            Some(0) => usize::MAX,
-            Some(r) => r,
-            None => 2,
-        }
-    })
-}
-/// Most query rows times heads of one split attention (`ATTN_COUNTERS` in kernels.cu: the
+/// Most query rows times heads of one split attention (`ATTN_COUNTERS` in attn_split.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
 
@@ -160,57 +102,56 @@ pub struct AttnRope {
     pub prefetch: Option<Tensor>,
 }
 
-/// Whether the split kernel may load a tile's first value rows with its keys (the `_hv`
-/// kernels; `SPECDEC_ATTN_EARLY_VALUES=0` never, for comparisons in one build). Measured on
-/// an H200 (2026-11-26, `gpu_decode`, interleaved twice): the 1B-shaped chained step 0.671 ->
-/// 0.658 ms at 128 tokens and 0.737 -> 0.708 at 640, unchanged at 2,048 (256 blocks: the
-/// plain kernel); c 0.175 -> 0.171; the oracle benchmark 1.85x -> 1.87x. In every kernel it
-/// had made d = 128 steps 3-14% slower, and grids of several waves slower.
-fn early_values() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_ATTN_EARLY_VALUES").map_or(true, |v| v != "0"))
-}
-
-/// Most splits a cluster combines (`CL_MAX` in kernels.cu: the portable cluster size).
+/// Most splits a cluster combines (`CL_MAX` in attn_split.cu: the portable cluster size).
 const CLUSTER_SPLITS: usize = 8;
+
+/// Query heads a block of the split kernel groups, under the engine options `o`, for `rows`
+/// query rows of `group` heads a kv head over `reach` keys with `warps` warps a block.
+///
+/// * over [`GROUPED_MIN_LEN`] keys, [`GROUPED_HEADS`];
+/// * a block of several rows (a verification block) groups heads from a reach of
+///   `o.attn_grouped_rows_min_len` keys and `o.attn_grouped_min_rows` rows (0: never by
+///   rows): it then reads each K/V row once per block instead of once per head. Every head
+///   sums as it would alone, so a verification row stays bitwise the decode step of its
+///   position. Eight-warp kernels group `o.attn_rows_heads` heads (2 or 4: two-head
+///   kernels exist for eight warps only, attn_split.cu `_h2_w8`), four-warp kernels four;
+/// * else one head a block.
+fn heads_per_block(
+    o: &EngineOptions,
+    group: usize,
+    rows: usize,
+    reach: usize,
+    warps: u32,
+) -> usize {
+    let min_rows = match o.attn_grouped_min_rows {
+        0 => usize::MAX,
+        r => r,
+    };
+    let by_rows = reach >= o.attn_grouped_rows_min_len && rows >= min_rows;
+    if group > 1 && reach >= GROUPED_MIN_LEN {
+        GROUPED_HEADS
+    } else if group > 1 && by_rows && warps == WIDE_WARPS {
+        o.attn_rows_heads
+    } else if group > 1 && by_rows {
+        GROUPED_HEADS
+    } else {
+        1
+    }
+}
 
 /// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each
 /// row's splits as one thread block cluster that combines them in distributed shared memory
-/// (the `_cl` kernels): compute capability 9.0 or newer, unless `SPECDEC_ATTN_CLUSTER=0`
-/// (read once; for comparisons in one build). The global combine it replaces is a fence, a
-/// counter and three dependent L2 round trips after the last split; the cluster's is two
-/// cluster barriers and one round trip inside the GPC.
-fn clusters(dev: &CudaDevice) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("SPECDEC_ATTN_CLUSTER").map_or(true, |v| v != "0")
-            && super::launch::compute_major(dev) >= 9
-    })
+/// (the `_cl` kernels): compute capability 9.0 or newer and the option `attn_cluster`. The
+/// global combine it replaces is a fence, a counter and three dependent L2 round trips after
+/// the last split; the cluster's is two cluster barriers and one round trip inside the GPC.
+fn clusters(o: &EngineOptions, dev: &CudaDevice) -> bool {
+    o.attn_cluster && super::launch::compute_major(dev) >= 9
 }
 
-/// Keys from which the split kernel runs [`WIDE_WARPS`] warps a block: 0 (every cache)
-/// unless `SPECDEC_ATTN_WIDE_MIN_LEN` says otherwise (read once; for comparisons in one
-/// build). Measured on an H200 (2026-11-26, `gpu_decode`, eight warps everywhere against
-/// from 1,024 keys, interleaved twice): 8B decode 1.3% / 0.7% / 2% shorter at 128 / 300 /
-/// 640 tokens, its 5-token verification 2% / 2% / 4%, the 1B's decode 3% / 3% / 3.6%; the
-/// oracle benchmark's speculation 1.7% faster. (From 1,024 keys it had been chosen by
-/// measurements at 128, 4,096 and 8,000 tokens only: eight warps at 128 were never timed.)
-fn wide_min_len() -> usize {
-    static LEN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LEN.get_or_init(|| {
-        std::env::var("SPECDEC_ATTN_WIDE_MIN_LEN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    })
-}
-
-/// Whether graph steps fuse RoPE and the K/V store into the split attention
-/// (`SPECDEC_FUSED_ROPE`, default on; `0` keeps [`RopeStore`]'s own kernel, for comparisons
-/// in one build).
+/// Whether graph steps fuse RoPE and the K/V store into the split attention (the option
+/// `fused_rope`; off, [`RopeStore`]'s own kernel runs before it).
 pub fn fused_rope() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_FUSED_ROPE").map_or(true, |v| v != "0"))
+    crate::engine::get().fused_rope
 }
 
 /// `[t, heads, d]` with heads `d` apart and contiguous elements: `(t, heads, d, row stride)`.
@@ -231,11 +172,12 @@ fn head_rows(
 /// The gate and up halves of a weight to prefetch from, and the bytes of each.
 type PrefetchRanges<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, usize);
 
-/// The two halves' first `n` bytes of a gate/up weight `[2 * inter, hidden]` to prefetch into
-/// the L2 ([`prefetch_bytes`]), as views of `T` and the byte count: whole 16-byte vectors
+/// The two halves' first `bytes / 2` bytes each of a gate/up weight `[2 * inter, hidden]` to
+/// prefetch into the L2 ([`prefetch_bytes`]), as views of `T` and the byte count: whole 16-byte vectors
 /// from 16-byte aligned starts (the bulk prefetch faults otherwise), or `None`.
 fn prefetch_ranges<'a, T: candle_core::cuda_backend::CudaDType>(
     guard: &'a Option<(candle_core::StorageRef<'a>, &'a Layout)>,
+    bytes: usize,
 ) -> candle_core::Result<Option<PrefetchRanges<'a, T>>> {
     let Some(g) = guard else { return Ok(None) };
     if !g.1.is_contiguous() || g.1.dims().len() != 2 {
@@ -245,7 +187,7 @@ fn prefetch_ranges<'a, T: candle_core::cuda_backend::CudaDType>(
     let elem = std::mem::size_of::<T>();
     let half_rows = g.1.dims()[0] / 2;
     let half = half_rows * g.1.dims()[1];
-    let n = (prefetch_bytes() / 2).min(half * elem) & !15;
+    let n = (bytes / 2).min(half * elem) & !15;
     let aligned =
         (half * elem).is_multiple_of(16) && (g.1.start_offset() * elem).is_multiple_of(16);
     Ok((aligned && n > 0).then(|| (w.slice(..half), w.slice(half..), n)))
@@ -329,14 +271,16 @@ impl SplitAttention {
             kv_head,
         } = qkv_shape("split attention", ql, kl, vl)?;
         let group = heads / kv_heads;
+        // The engine options, read once for the launch.
+        let o = crate::engine::get();
         // The capacity (split boundaries, buffers) and the keys any step of this launch
         // reaches (blocks, kernel choice).
         let (max_len, reach) = self
             .len
             .as_ref()
             .map_or((len, len), |(_, m, r)| (*m, (*r).clamp(1, *m)));
-        // Whole SPLIT_LEN-key splits, at most MAX_SPLITS of them (kernels.cu's combine stages one
-        // weight per split in shared memory).
+        // Whole SPLIT_LEN-key splits, at most MAX_SPLITS of them (attn_split.cu's combine
+        // stages one weight per split in shared memory).
         let split_len = split_len(max_len);
         let splits = max_len.div_ceil(split_len);
         // The splits holding a key some step of this launch sees.
@@ -347,7 +291,8 @@ impl SplitAttention {
             );
         }
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let (warps, wide) = if reach >= wide_min_len() {
+        // Eight warps a block from `attn_wide_min_len` keys (0: always).
+        let (warps, wide) = if reach >= o.attn_wide_min_len {
             (WIDE_WARPS, "_w8")
         } else {
             (WARPS, "")
@@ -356,41 +301,32 @@ impl SplitAttention {
         let cluster = !fused.is_empty()
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
-            && clusters(dev);
+            && clusters(&o, dev);
         // SAFETY: each live split block writes its partial row before the combine reads it;
         // splits without a visible key are never read.
         let part = if cluster {
             None
         } else {
-            Some(unsafe { super::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? })
+            Some(unsafe { super::op::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? })
         };
         // SAFETY: the last split block of each (row, head) writes its d outputs.
-        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
+        let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
 
-        let by_rows = reach >= grouped_rows_min_len() && t >= grouped_min_rows();
-        let hb = if group > 1 && reach >= GROUPED_MIN_LEN {
-            GROUPED_HEADS
-        } else if group > 1 && by_rows && warps == WIDE_WARPS {
-            // Two-head kernels exist for eight warps only (kernels.cu `_h2_w8`).
-            rows_heads()
-        } else if group > 1 && by_rows {
-            GROUPED_HEADS
-        } else {
-            1
-        };
+        let hb = heads_per_block(&o, group, t, reach, warps);
         let grid = (
             (t * group.div_ceil(hb)) as u32,
             kv_heads as u32,
             live.min(SPLIT_BLOCKS) as u32,
         );
         // The fused eight-warp kernel over d <= 64 loads each tile's first value rows with its
-        // keys (`_hv`) where the grid is one wave of blocks (its extra registers would cost
-        // blocks an SM otherwise). The same arithmetic either way.
+        // keys (`_hv`, the option `attn_early_values`) where the grid is one wave of blocks
+        // (its extra registers would cost blocks an SM otherwise; at d = 128 and over grids of
+        // several waves it was slower). The same arithmetic either way.
         let blocks = (grid.0 * grid.1 * grid.2) as usize;
         let hv = if !fused.is_empty()
             && warps == WIDE_WARPS
             && d <= 64
-            && early_values()
+            && o.attn_early_values
             && blocks <= super::launch::multiprocessors(dev)
         {
             "_hv"
@@ -452,7 +388,7 @@ impl SplitAttention {
             .as_ref()
             .and_then(|r| r.prefetch.as_ref())
             .map(|w| w.storage_and_layout());
-        let pf = prefetch_ranges::<T>(&pf_guard)?;
+        let pf = prefetch_ranges::<T>(&pf_guard, prefetch_bytes(&o))?;
         // The fused kernel's arguments after the plain kernel's.
         if let (Some(r), Some(g)) = (&self.rope, &rope_guards) {
             const OP: &str = "split attention with RoPE";
@@ -490,7 +426,7 @@ impl SplitAttention {
             block_dim: (warps * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the argument list matches `attn_split` in kernels.cu; every index the
+        // SAFETY: the argument list matches `attn_split` in attn_split.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
         // (row, head) < ATTN_COUNTERS; with RoPE fused, the slots written (through the same
         // pointers `k`, `v`) lie below `len` ≤ `max_len`, the caller's room in the cache
@@ -500,7 +436,7 @@ impl SplitAttention {
         // The partial sums are scratch: freed here, after the launch (stream order), except
         // while a graph records, where a free would sit between this kernel and the next.
         if let Some(part) = part {
-            crate::nn::graph_edges::keep_scratch(part);
+            super::graph_edges::keep_scratch(part);
         }
         Ok((out, Shape::from((t, heads * d))))
     }
@@ -522,7 +458,7 @@ pub fn split_attention_applies(q: &Tensor, k: &Tensor) -> bool {
 
 /// RoPE of a block's queries and keys at the positions of the step, with the rotated keys
 /// and the values written into the cache buffers, the positions read from the device
-/// (`rope_store` in kernels.cu): a replayed graph's step writes where its `len` says.
+/// (`rope_store` in elementwise.cu): a replayed graph's step writes where its `len` says.
 ///
 /// Inputs of [`CustomOp3`]: `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (rows may be
 /// strided, heads `d` apart). Output: `q` rotated, `[1, heads, t, d]`.
@@ -543,20 +479,12 @@ pub struct RopeStore {
     pub prefetch: Option<Tensor>,
 }
 
-/// Bytes of the gate/up weight that RoPE's prologue prefetches into the L2, half from the
-/// gate rows, half from the up rows: `SPECDEC_L2_PREFETCH_MB` (default 8; 0 turns it off).
-/// Measured in the lab bench (docs/gpu-decode-2026-11-25.md): 8 MB at evict-last priority
-/// took 3.5% off a 1B-shaped decode step and left an 8B-shaped one unchanged; 16 MB was too
-/// much for the 1B shape.
-fn prefetch_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        let mb = std::env::var("SPECDEC_L2_PREFETCH_MB")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(8.0);
-        (mb.max(0.0) * 1e6) as usize
-    })
+/// Bytes of the gate/up weight that RoPE's prologue prefetches into the L2 under the options
+/// `o`, half from the gate rows, half from the up rows: `l2_prefetch_mb` (0 turns it off;
+/// the default 8 MB helps a 1B-shaped step and is neutral for an 8B-shaped one, while 16 MB
+/// was too much for the 1B shape: docs/kernel-notes.md, "L2 prefetch").
+fn prefetch_bytes(o: &EngineOptions) -> usize {
+    (o.l2_prefetch_mb.max(0.0) * 1e6) as usize
 }
 
 impl RopeStore {
@@ -610,9 +538,9 @@ impl RopeStore {
         );
         let len = view::<u32>(&len_guard, "len")?;
         let pf_guard = self.prefetch.as_ref().map(|w| w.storage_and_layout());
-        let pf = prefetch_ranges::<T>(&pf_guard)?;
+        let pf = prefetch_ranges::<T>(&pf_guard, prefetch_bytes(&crate::engine::get()))?;
         // SAFETY: written in full by the kernel.
-        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
+        let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
         let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;
         let (q, k, v) = (
             q.slice(ql.start_offset()..),
@@ -633,7 +561,7 @@ impl RopeStore {
             block_dim: ((d / 2) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `rope_store` in kernels.cu; the caller keeps `len` within the
+        // SAFETY: matches `rope_store` in elementwise.cu; the caller keeps `len` within the
         // cache's capacity and the tables (the cache reserved the room first); the prefetched
         // ranges lie inside the weight's two halves (at most `half` elements each).
         unsafe { l.run(cfg) }?;

@@ -6,13 +6,14 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::launch::Launch;
+use crate::engine::EngineOptions;
 
 /// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 15); longer
 /// inputs take cuBLAS.
 pub const GEMV_MAX_ROWS: usize = 16;
-/// Warps per block of `gemv` (`GEMV_WARPS` in kernels.cu).
+/// Warps per block of `gemv` (`GEMV_WARPS` in gemv.cu).
 const GEMV_WARPS: usize = 4;
-/// Outputs per warp of `gemv` for `rows` rows (the `GEMV` macro in kernels.cu); `out` must
+/// Outputs per warp of `gemv` for `rows` rows (the `GEMV` macro in gemv.cu); `out` must
 /// be a multiple of it (the caller asks for a multiple of 4).
 fn gemv_outs(rows: usize) -> usize {
     if rows <= 2 {
@@ -22,51 +23,14 @@ fn gemv_outs(rows: usize) -> usize {
     }
 }
 
-/// Choices of the GEMV kernels, from the environment (read once), for comparisons in one
-/// build: `SPECDEC_TC_GEMV=0` takes the CUDA-core kernel for bf16 / f16 too;
-/// `SPECDEC_GEMV_FOLD=0` keeps the pre-norms and residual adds of decode and verification
-/// steps in their own kernel ([`Fold`]);
-/// `SPECDEC_GEMV_V=1|2` sets the tensor-core kernel's 16-byte loads per lane and weight row
-/// per chunk (default 2 where `in` is a multiple of 64); `SPECDEC_SILU_GATE=0` keeps the
-/// gated MLP's SiLU in its own kernel; `SPECDEC_GEMV_MAX_WARPS=8|16|32` caps the tensor-core
-/// kernel's warps per block (default 16: measured on the H200, 2026-11-23, capping the
-/// 1B-shaped draft's small products at 16 instead of 32 made its decode step 3% faster,
-/// 0.96 → 0.93 ms, the 8B-shaped target unchanged; 8 was slower for both).
-struct Knobs {
-    tensor_cores: bool,
-    fold: bool,
-    v: Option<usize>,
-    silu_gate: bool,
-    max_warps: usize,
-}
-
-fn knobs() -> &'static Knobs {
-    static K: std::sync::OnceLock<Knobs> = std::sync::OnceLock::new();
-    K.get_or_init(|| {
-        let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
-        Knobs {
-            tensor_cores: on("SPECDEC_TC_GEMV"),
-            fold: on("SPECDEC_GEMV_FOLD"),
-            v: std::env::var("SPECDEC_GEMV_V")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|v| matches!(v, 1 | 2)),
-            silu_gate: on("SPECDEC_SILU_GATE"),
-            max_warps: std::env::var("SPECDEC_GEMV_MAX_WARPS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|v| matches!(v, 8 | 16 | 32))
-                .unwrap_or(16),
-        }
-    })
-}
-
-fn tensor_core_gemv() -> bool {
-    knobs().tensor_cores
+/// Whether bf16 / f16 GEMVs run on the tensor-core kernel (the option `tc_gemv`; off: the
+/// CUDA-core kernel, as f32 always does).
+fn tensor_core_gemv(o: &EngineOptions) -> bool {
+    o.tc_gemv
 }
 
 /// `y = x wᵀ` for `x: [rows, in]` (rows ≤ [`GEMV_MAX_ROWS`]) and `w: [out, in]`, both
-/// contiguous, reading `w` once: `gemv_tc` in kernels.cu (tensor cores) for bf16 / f16 with
+/// contiguous, reading `w` once: `gemv_tc` in gemv.cu (tensor cores) for bf16 / f16 with
 /// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
 ///
@@ -83,7 +47,7 @@ pub struct Gemv {
 const NORM_WEIGHT_SMEM: usize = 24 << 10;
 
 /// What a tensor-core GEMV folds in from its third input (`GEMV_NORM` / `GEMV_RESID` in
-/// kernels.cu), so that decode and verification steps run no norm or add kernel between
+/// gemv.cu), so that decode and verification steps run no norm or add kernel between
 /// their products.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fold {
@@ -148,7 +112,9 @@ impl Gemv {
             candle_core::bail!("gemv: x {xd:?} and w {wd:?} do not fit");
         }
         let (rows, inp) = (xd[0], xd[1]);
-        let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv();
+        // The engine options, read once for the launch.
+        let o = crate::engine::get();
+        let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv(&o);
         if self.silu_gate && (!tensor_cores || !wd[0].is_multiple_of(16)) {
             candle_core::bail!("gemv: the SiLU-gated product needs the tensor-core path");
         }
@@ -176,21 +142,21 @@ impl Gemv {
             },
         };
         // SAFETY: written in full by either kernel.
-        let y = unsafe { super::out_alloc::<T>(dev, rows * out)? };
+        let y = unsafe { super::op::out_alloc::<T>(dev, rows * out)? };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         if tensor_cores {
             let nt = rows.div_ceil(8);
             // 16 weight rows per block: 16 outputs, or 8 gated ones.
             let blocks = wd[0].div_ceil(16);
             // Enough warps in flight where there are few outputs (few blocks), at most the
-            // cap (16 by default: a 32-warp block, 64 registers a thread, takes a whole SM and
-            // cannot start beside the kernel ahead of it).
+            // option `gemv_max_warps` (16 by default: a 32-warp block, 64 registers a thread,
+            // takes a whole SM and cannot start beside the kernel ahead of it; 8 was slower).
             let warps = match blocks {
                 0..200 => 32,
                 200..600 => 16,
                 _ => 8,
             }
-            .min(knobs().max_warps);
+            .min(o.gemv_max_warps);
             // A folded norm's weight sits in shared memory beside the block's reduction
             // buffers: at most 16 warps keep both within the default 48 KB.
             let warps = if mode == "norm_" {
@@ -199,12 +165,13 @@ impl Gemv {
                 warps
             };
             let gate = if self.silu_gate { "silu_" } else { "" };
-            // The chunk width depends on `in` only, never on the row count: every row count
-            // sums in the same order.
-            let v = match knobs().v {
-                Some(v) if inp.is_multiple_of(32 * v) => v,
-                Some(_) => 1,
-                None => 1 + usize::from(inp.is_multiple_of(64)),
+            // 16-byte loads per lane and weight row per chunk: the option `gemv_loads`, 0
+            // choosing 2 where `in` is a multiple of 64. The chunk width depends on `in` only,
+            // never on the row count: every row count sums in the same order.
+            let v = match o.gemv_loads {
+                0 => 1 + usize::from(inp.is_multiple_of(64)),
+                v if inp.is_multiple_of(32 * v) => v,
+                _ => 1,
             };
             let kernel = format!("gemv_tc_{gate}{mode}{name}_n{nt}_w{warps}_v{v}");
             let mut l = Launch::new(dev, &kernel)?;
@@ -318,26 +285,34 @@ pub fn gemv_applies(x: &Tensor, w: &Tensor) -> bool {
 
 /// True when [`Gemv`] with `silu_gate` takes `x: [rows, in]` and the fused gate/up weight
 /// `w: [2 inter, in]`: [`gemv_applies`], on the tensor-core path (bf16 / f16, `in` a
-/// multiple of 32) with `inter` a multiple of 8.
+/// multiple of 32) with `inter` a multiple of 8, unless the option `silu_gate` keeps the
+/// SiLU in its own kernel.
 pub fn silu_gate_applies(x: &Tensor, w: &Tensor) -> bool {
-    tensor_core_applies(x, w) && w.dims()[0].is_multiple_of(16) && knobs().silu_gate
+    silu_gate_fits(&crate::engine::get(), x, w)
+}
+
+/// [`silu_gate_applies`] under the options `o`.
+fn silu_gate_fits(o: &EngineOptions, x: &Tensor, w: &Tensor) -> bool {
+    tensor_core_applies(o, x, w) && w.dims()[0].is_multiple_of(16) && o.silu_gate
 }
 
 /// [`gemv_applies`] on the tensor-core path: bf16 / f16, `in` a multiple of 32, not switched
-/// off (`Gemv::launch` picks the same path).
-fn tensor_core_applies(x: &Tensor, w: &Tensor) -> bool {
+/// off by the option `tc_gemv` (`Gemv::launch` picks the same path).
+fn tensor_core_applies(o: &EngineOptions, x: &Tensor, w: &Tensor) -> bool {
     gemv_applies(x, w)
         && matches!(
             w.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16
         )
         && w.dims()[1].is_multiple_of(32)
-        && tensor_core_gemv()
+        && tensor_core_gemv(o)
 }
 
 /// Whether a step over the residual stream `x: [rows, hidden]` takes the folded products
-/// (see `fused::folds`).
+/// (see `fused::folds`): the tensor-core GEMV's rows and dtypes, and the options `tc_gemv`
+/// and `gemv_fold` on.
 pub fn folds(x: &Tensor) -> bool {
+    let o = crate::engine::get();
     x.device().is_cuda()
         && x.rank() == 2
         && (1..=GEMV_MAX_ROWS).contains(&x.dims()[0])
@@ -346,19 +321,20 @@ pub fn folds(x: &Tensor) -> bool {
             x.dtype(),
             candle_core::DType::BF16 | candle_core::DType::F16
         )
-        && tensor_core_gemv()
-        && knobs().fold
+        && tensor_core_gemv(&o)
+        && o.gemv_fold
 }
 
 /// True when [`FoldedGemv`] takes `x: [rows, in]`, `w` (with `silu_gate`: [`silu_gate_applies`],
 /// else [`gemv_applies`]) and the fold's input `aux`: the tensor-core path (bf16 / f16, `in`
-/// a multiple of 32), folding not switched off, and `aux` contiguous, of `x`'s dtype, either
+/// a multiple of 32), folding not switched off (`gemv_fold`), and `aux` contiguous, of `x`'s dtype, either
 /// the norm weight `[in]` starting 16-byte aligned or the residual `[rows, out]`.
 pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm: bool) -> bool {
+    let o = crate::engine::get();
     let products = if silu_gate {
-        silu_gate_applies(x, w)
+        silu_gate_fits(&o, x, w)
     } else {
-        tensor_core_applies(x, w)
+        tensor_core_applies(&o, x, w)
     };
     let vector = 16 / aux.dtype().size_in_bytes().max(1);
     let fits = if norm {
@@ -368,11 +344,11 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
     } else {
         !silu_gate && aux.dims() == [x.dims()[0], w.dims()[0]]
     };
-    products && knobs().fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
+    products && o.gemv_fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
 }
 
 /// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as
-/// `[t, inter]` (`silu_mul` in kernels.cu). Input of [`candle_core::CustomOp1`], contiguous.
+/// `[t, inter]` (`silu_mul` in elementwise.cu). Input of [`candle_core::CustomOp1`], contiguous.
 pub struct SiluMul;
 
 impl candle_core::CustomOp1 for SiluMul {
@@ -397,7 +373,7 @@ impl candle_core::CustomOp1 for SiluMul {
             let (t, inter) = (*t, *two / 2);
             let n = t * inter;
             // SAFETY: written in full by the kernel.
-            let y = unsafe { super::out_alloc::<T>(dev, n)? };
+            let y = unsafe { super::op::out_alloc::<T>(dev, n)? };
             let mut l = Launch::new(dev, &format!("silu_mul_{name}"))?;
             let gu = gu.slice(a..b);
             l.ptr(&gu).ptr(&y).val(inter as i32).val(n as i64);
@@ -437,7 +413,7 @@ impl candle_core::CustomOp1 for SiluMul {
 }
 
 /// Threads per block of `add_rmsnorm` (at most), and the 16-byte vectors each holds
-/// (`NORM_VECS` in kernels.cu): rows of up to 32 KB.
+/// (`NORM_VECS` in elementwise.cu): rows of up to 32 KB.
 const NORM_THREADS: usize = 256;
 const NORM_VECS: usize = 8;
 
@@ -457,7 +433,7 @@ pub fn add_rmsnorm_applies(x: &Tensor, y: &Tensor) -> bool {
 }
 
 /// Residual add and RMSNorm in one pass: inputs `x`, `y: [t, h]`, `w: [h]` (contiguous);
-/// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in kernels.cu).
+/// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in elementwise.cu).
 pub struct AddRmsNorm {
     /// The norm's epsilon.
     pub eps: f32,
@@ -502,7 +478,7 @@ impl AddRmsNorm {
             );
         }
         // SAFETY: written in full by the kernel.
-        let out = unsafe { super::out_alloc::<T>(dev, 2 * t * h)? };
+        let out = unsafe { super::op::out_alloc::<T>(dev, 2 * t * h)? };
         let mut l = Launch::new(dev, &format!("add_rmsnorm_{name}"))?;
         let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
         l.ptr(&x).ptr(&y).ptr(&w).ptr(&out);
@@ -526,7 +502,7 @@ impl AddRmsNorm {
 float_op3!(AddRmsNorm, "add-rmsnorm");
 
 /// The argmax of each row of a contiguous f32, bf16 or f16 `[rows, n]` as u32 `[rows]`, the
-/// first index on ties (`argmax_rows` in kernels.cu): one block per row instead of candle's
+/// first index on ties (`argmax_rows` in elementwise.cu): one block per row instead of candle's
 /// reduction, which took 0.1 ms over a 128k vocabulary, a tenth of a 1B draft's step.
 pub struct ArgmaxRows;
 
@@ -581,7 +557,8 @@ impl candle_core::CustomOp1 for ArgmaxRows {
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let dev = s.device();
         // SAFETY: written in full by the kernel (one value per row).
-        let out = unsafe { super::out_alloc::<u32>(dev, l.dims().first().copied().unwrap_or(0))? };
+        let out =
+            unsafe { super::op::out_alloc::<u32>(dev, l.dims().first().copied().unwrap_or(0))? };
         let rows = argmax_launch(s, l, &out.slice(..))?;
         Ok((
             CudaStorage {
@@ -591,6 +568,18 @@ impl candle_core::CustomOp1 for ArgmaxRows {
             Shape::from(rows),
         ))
     }
+}
+
+/// The argmax of each row of the CUDA `logits: [rows, n]` (any float dtype), the first index
+/// of the largest value on ties, as `[rows]` u32 on the device ([`ArgmaxRows`]).
+pub fn argmax_on_device(logits: &Tensor) -> candle_core::Result<Tensor> {
+    logits.contiguous()?.apply_op1_no_bwd(&ArgmaxRows)
+}
+
+/// [`argmax_on_device`] of `logits` written into the u32 `ids: [rows]` in place
+/// ([`ArgmaxInto`]: a recorded graph's output buffer).
+pub fn argmax_into(logits: &Tensor, ids: &Tensor) -> candle_core::Result<()> {
+    ids.inplace_op2(&logits.contiguous()?, &ArgmaxInto)
 }
 
 /// [`ArgmaxRows`] written into an existing `[rows]` u32 tensor (the first operand, in place):

@@ -2,11 +2,10 @@
 //! kernel may begin launching while the one ahead of it on the stream still runs, so its
 //! launch and what it reads before `pdl_begin` (weights only) overlap the previous kernel's
 //! tail. Every kernel in kernels.cu calls `pdl_begin` before it touches anything an earlier
-//! kernel wrote, which keeps stream order for the data. `SPECDEC_PDL=0` launches them one
-//! after another (for comparisons in one build). In a captured graph the attribute becomes a
-//! programmatic edge only between adjacent kernels: the step's memory nodes sat between them
-//! until `graph_edges` (2026-11-25), so before then PDL never took effect in replayed steps
-//! (measured within noise, ≤ 1%); in the lab bench it is worth 2.9% of an 8B-shaped step.
+//! kernel wrote, which keeps stream order for the data. The engine option `pdl` off launches
+//! them one after another. In a captured graph the attribute becomes a programmatic edge only
+//! between adjacent kernels, which is why `graph_edges` keeps memory nodes off the chain of
+//! kernels (docs/kernel-notes.md, "PDL").
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,7 +16,8 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 
-use super::FATBIN;
+/// The kernels' fat binary (`build.rs`: `kernels.cu` and the files it includes, one module).
+const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/specdec_kernels.fatbin"));
 
 /// specdec's kernel module on `dev`, loaded from the fat binary at its first use there (the
 /// driver picks the machine code built for this GPU, else compiles the PTX). candle's
@@ -38,29 +38,29 @@ fn module(dev: &CudaDevice) -> candle_core::Result<Arc<CudaModule>> {
         .map_err(|e| {
             candle_core::Error::Msg(format!(
                 "loading specdec's CUDA kernels (machine code for sm_{}, and PTX the driver compiles for newer GPUs): {e}; on an older GPU rebuild with CUDA_COMPUTE_CAP set to its capability (scripts/build-cuda.sh)",
-                env!("SPECDEC_CUDA_COMPUTE_CAP")
+                env!("BUILT_CUDA_COMPUTE_CAP")
             ))
         })?;
     modules.insert(dev.id(), m.clone());
     Ok(m)
 }
 
-/// The compute capability's major version of `dev` (0 when the driver cannot tell).
+/// The compute capability's major version of the first device asked (0 when the driver
+/// cannot tell; a device property, so read once: specdec runs one GPU kind).
 pub(super) fn compute_major(dev: &CudaDevice) -> i32 {
-    dev.cuda_stream()
-        .context()
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-        .unwrap_or(0)
+    static MAJOR: OnceLock<i32> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        dev.cuda_stream()
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .unwrap_or(0)
+    })
 }
 
-/// Whether launches carry the PDL attribute: compute capability 9.0 or newer, unless
-/// `SPECDEC_PDL=0`. Read once (the first device asked decides; specdec runs one GPU kind).
+/// Whether launches carry the PDL attribute: the engine option `pdl` (read at each launch:
+/// an experiment may switch it) on a GPU of compute capability 9.0 or newer.
 pub(crate) fn pdl(dev: &CudaDevice) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        let wanted = std::env::var("SPECDEC_PDL").map_or(true, |v| v != "0");
-        wanted && compute_major(dev) >= 9
-    })
+    crate::engine::get().pdl && compute_major(dev) >= 9
 }
 
 /// The GPU's multiprocessors (of the first device asked: it only steers kernel choices).
@@ -174,7 +174,7 @@ impl Launch {
             numAttrs: attrs.len() as u32,
         };
         self.stream.context().bind_to_thread().w()?;
-        crate::nn::graph_edges::before_launch(self.stream.cu_stream())
+        super::graph_edges::before_launch(self.stream.cu_stream())
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         // SAFETY: `params` points at one slot per kernel parameter (the caller's contract),
         // alive for the call; the driver copies them before returning.

@@ -1,112 +1,22 @@
-//! specdec's own CUDA kernels (`kernels.cu`, compiled by `build.rs` into a fat binary: machine
-//! code for the build's GPU architecture and PTX for newer ones) behind candle's custom-op
-//! interface. Only built with the `cuda` feature; callers keep candle's ops as the
-//! path on every other device.
+//! specdec's own CUDA kernels (`kernels.cu` and the files it includes, compiled by `build.rs`
+//! into one fat binary: machine code for the build's GPU architecture and PTX for newer ones)
+//! behind candle's custom-op interface. Only built with the `cuda` feature; callers keep
+//! candle's ops as the path on every other device.
 //!
 //! * [`attention`] — attention over a KV cache in place, flash attention of prefills, the
 //!   prefill chunks' causal softmax (f32),
 //!   RoPE with the K/V store at device-side positions;
 //! * [`dense`] — the row-wise products and elementwise steps: GEMV, SiLU·up, residual add +
-//!   RMSNorm, row argmax.
-use candle_core::{Layout, Storage};
-
-/// The kernels' fat binary (`build.rs`).
-const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/specdec_kernels.fatbin"));
-
-/// `impl CustomOp3` for an op whose `launch::<T>(&self, dev, dtype_name, a, b, c)` runs its
-/// kernel for one float dtype: the CPU refuses (callers take candle's ops there), CUDA
-/// dispatches on the dtype the three inputs share.
-macro_rules! float_op3 {
-    ($op:ty, $name:literal) => {
-        impl CustomOp3 for $op {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn cpu_fwd(
-                &self,
-                _: &CpuStorage,
-                _: &Layout,
-                _: &CpuStorage,
-                _: &Layout,
-                _: &CpuStorage,
-                _: &Layout,
-            ) -> candle_core::Result<(CpuStorage, Shape)> {
-                candle_core::bail!(
-                    "{} runs on CUDA only; other devices take candle's ops",
-                    $name
-                )
-            }
-
-            fn cuda_fwd(
-                &self,
-                a: &CudaStorage,
-                al: &Layout,
-                b: &CudaStorage,
-                bl: &Layout,
-                c: &CudaStorage,
-                cl: &Layout,
-            ) -> candle_core::Result<(CudaStorage, Shape)> {
-                use CudaStorageSlice::{BF16, F16, F32};
-                let dev = a.device();
-                let (slice, shape) = match (&a.slice, &b.slice, &c.slice) {
-                    (BF16(a), BF16(b), BF16(c)) => {
-                        let (o, s) = self.launch(dev, "bf16", (a, al), (b, bl), (c, cl))?;
-                        (BF16(o), s)
-                    }
-                    (F16(a), F16(b), F16(c)) => {
-                        let (o, s) = self.launch(dev, "f16", (a, al), (b, bl), (c, cl))?;
-                        (F16(o), s)
-                    }
-                    (F32(a), F32(b), F32(c)) => {
-                        let (o, s) = self.launch(dev, "f32", (a, al), (b, bl), (c, cl))?;
-                        (F32(o), s)
-                    }
-                    _ => candle_core::bail!(
-                        "{}: inputs must share a float dtype (f32, f16, bf16)",
-                        $name
-                    ),
-                };
-                Ok((
-                    CudaStorage {
-                        slice,
-                        device: dev.clone(),
-                    },
-                    shape,
-                ))
-            }
-        }
-    };
-}
-
-/// A view of `t`'s CUDA storage from its layout's start, as element type `T`.
-fn view<'a, T: candle_core::cuda_backend::CudaDType>(
-    guard: &'a (candle_core::StorageRef<'a>, &'a Layout),
-    what: &str,
-) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>> {
-    match &*guard.0 {
-        Storage::Cuda(s) => Ok(s.as_cuda_slice::<T>()?.slice(guard.1.start_offset()..)),
-        _ => candle_core::bail!("{what} is not on the GPU"),
-    }
-}
-
-/// An uninitialised output buffer of `n` elements for one of our kernels, allocated off a
-/// recording graph's chain of kernels (see `graph_edges::before_alloc`).
-///
-/// # Safety
-/// The kernel launched next must write every element it is read at.
-unsafe fn out_alloc<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
-    dev: &candle_core::cuda_backend::CudaDevice,
-    n: usize,
-) -> candle_core::Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<T>> {
-    crate::nn::graph_edges::before_alloc(dev.cuda_stream().cu_stream())
-        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    // SAFETY: the caller's contract.
-    unsafe { dev.alloc::<T>(n) }
-}
+//!   RMSNorm, row argmax;
+//! * [`graph`] — steps recorded as CUDA graphs and replayed, with [`graph_edges`] keeping
+//!   the programmatic edges between their kernels.
+#[macro_use]
+mod op;
 
 mod attention;
 mod dense;
+pub(crate) mod graph;
+pub(crate) mod graph_edges;
 mod launch;
 mod prefill;
 
@@ -114,8 +24,8 @@ pub use attention::{
     fused_rope, split_attention_applies, split_reach, AttnRope, RopeStore, SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm,
-    ArgmaxInto, ArgmaxRows, Fold, FoldedGemv, Gemv, SiluMul,
+    add_rmsnorm_applies, argmax_into, argmax_on_device, fold_applies, folds, gemv_applies,
+    silu_gate_applies, AddRmsNorm, Fold, FoldedGemv, Gemv, SiluMul,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};

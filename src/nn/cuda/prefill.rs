@@ -9,7 +9,7 @@ use super::attention::{qkv_shape, QkvShape};
 use super::launch::Launch;
 
 /// Flash attention of a long block of queries (a prefill) that are the newest positions of
-/// the keys: `flash_attn` in kernels.cu, tensor cores, the scores never in memory. bf16 and
+/// the keys: `flash_attn` in prefill.cu, tensor cores, the scores never in memory. bf16 and
 /// f16 only.
 ///
 /// Inputs of [`CustomOp3`]: `q: [1, heads, t, d]` (rows may be strided, elements
@@ -22,7 +22,7 @@ pub struct FlashAttention {
     pub softcap: Option<f64>,
 }
 
-/// Queries per block of `flash_attn` (`FA_Q` in kernels.cu).
+/// Queries per block of `flash_attn` (`FA_Q` in prefill.cu).
 const FA_Q: usize = 64;
 
 impl FlashAttention {
@@ -51,7 +51,7 @@ impl FlashAttention {
             kv_head,
         } = qkv_shape("flash attention", ql, kl, vl)?;
         // SAFETY: the kernel writes every element of the t rows.
-        let out = unsafe { super::out_alloc::<T>(dev, t * heads * d)? };
+        let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
         let mut l = Launch::new(dev, &format!("flash_attn_{name}_d{d}"))?;
         let q = q.slice(ql.start_offset()..);
         let k = k.slice(kl.start_offset()..);
@@ -67,7 +67,7 @@ impl FlashAttention {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `flash_attn` in kernels.cu; rows past t and keys past len are
+        // SAFETY: matches `flash_attn` in prefill.cu; rows past t and keys past len are
         // never read (clamped) nor written; alignment checked by `flash_attention_applies`.
         unsafe { l.run(cfg) }?;
         Ok((out, Shape::from((t, heads * d))))
@@ -142,7 +142,7 @@ impl CausalSoftmax {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `causal_softmax` in kernels.cu; block i touches row i only.
+        // SAFETY: matches `causal_softmax` in prefill.cu; block i touches row i only.
         unsafe { l.run(cfg) }?;
         Ok(())
     }

@@ -4,9 +4,8 @@
 //! Captured, every allocation and every free becomes a memory node in the stream's chain,
 //! between two kernels, and the capture joins the kernel after it with an ordinary edge: the
 //! programmatic (PDL) edges our launches ask for are lost, and each kernel waits for the full
-//! completion of the one before it. Measured on the H200 (`scripts/gemv_lab.cu`, rows
-//! "memory nodes"; docs/gpu-decode-2026-11-25.md): 115 µs of an 8B-shaped decode step, 12 µs
-//! of a 1B-shaped one. (Edges cannot be moved after the capture: the driver refuses to
+//! completion of the one before it (a cost of tens of µs a step: docs/kernel-notes.md,
+//! "Graph memory nodes"). (Edges cannot be moved after the capture: the driver refuses to
 //! remove dependencies from a graph with memory nodes.) So while a step records:
 //!
 //! * an output allocation of one of our kernels is captured off the chain: [`before_alloc`]
@@ -19,25 +18,24 @@
 //! * the step's tensors ([`keep`]) and our kernels' scratch buffers ([`keep_scratch`]) live
 //!   until the capture ends, so that no free sits on the chain between two kernels: their
 //!   frees land at the graph's end, after every kernel (a PDL kernel completes only after
-//!   the kernel before it: each of its blocks waits, `griddepcontrol.wait` in kernels.cu's
+//!   the kernel before it: each of its blocks waits, `griddepcontrol.wait` in common.cuh's
 //!   `pdl_begin`, before it exits). The step's intermediate buffers then all live at once:
 //!   a few MB for a decode step; for a 16-row verification block of an 8B-shaped model at
 //!   8,000 tokens, the split attention's partial sums dominate, ~0.3 GB per recording.
 //!
-//! `SPECDEC_GRAPH_PDL=0` records as before (for comparisons in one build).
+//! The engine option `graph_pdl` off records without this bookkeeping (memory nodes on the
+//! chain, no programmatic edges).
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaSlice};
 use candle_core::Tensor;
 
 use crate::error::{Error, Result};
 
-/// Whether recordings keep their tensors and capture PDL edges (`SPECDEC_GRAPH_PDL`,
-/// default on).
+/// Whether recordings keep their tensors and capture PDL edges: the engine option
+/// `graph_pdl`, read when a capture begins.
 pub(crate) fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_GRAPH_PDL").map_or(true, |v| v != "0"))
+    crate::engine::get().graph_pdl
 }
 
 /// What the capture on this thread holds.
@@ -176,7 +174,7 @@ pub(crate) fn before_launch(stream: sys::CUstream) -> Result<()> {
     })
 }
 
-pub(crate) use super::fused::GraphCensus as Census;
+pub(crate) use crate::nn::graphs::GraphCensus as Census;
 
 fn check(r: sys::CUresult, what: &str) -> Result<()> {
     r.result()

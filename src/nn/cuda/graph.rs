@@ -15,35 +15,28 @@ use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Storage, Tensor};
 
 use super::graph_edges::{self, Census};
-use super::tokens::StepIds;
 use crate::error::{Error, Result};
+use crate::nn::tokens::StepIds;
 
 /// An instantiated graph and the captured graph it came from.
 struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     stream: Arc<CudaStream>,
-    /// Its nodes and edges, counted only when `SPECDEC_GRAPH_CENSUS=1` asks to print them.
+    /// Its nodes and edges, counted only when asked for (see [`census_wanted`]).
     census: Option<Census>,
 }
 
-/// Whether each recording's census is printed (`SPECDEC_GRAPH_CENSUS=1`).
+/// Whether each recording's census is printed: the engine option `graph_census`.
 fn census_printed() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECDEC_GRAPH_CENSUS").is_ok_and(|v| v == "1"))
+    crate::engine::get().graph_census
 }
 
 /// Whether each recording's census is counted: printed ([`census_printed`]) or asked for by
-/// [`count_censuses`] (about a thousand driver queries a recording, so not by default).
+/// `nn::count_graph_censuses` (about a thousand driver queries a recording, so not by
+/// default).
 fn census_wanted() -> bool {
-    census_printed() || COUNT_CENSUS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-static COUNT_CENSUS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Counts the census of every recording from now on (see [`Graphs::censuses`]).
-pub fn count_censuses(on: bool) {
-    COUNT_CENSUS.store(on, std::sync::atomic::Ordering::Relaxed);
+    census_printed() || crate::nn::graphs::censuses_counted()
 }
 
 impl Graph {
@@ -77,6 +70,9 @@ struct Recording {
     graph: Graph,
     /// Tokens a step takes.
     rows: usize,
+    /// The engine options' [`crate::engine::generation`] it was recorded under: the options
+    /// choose its kernels, so after a change it is stale and recorded anew.
+    generation: u64,
 }
 
 // SAFETY: a `Graph` holds handles to driver objects of one context; the driver API is
@@ -171,14 +167,11 @@ impl Graphs {
     /// `ids: [t]` and `len: [1]` u32 tensors, and returns the logits. A step not recorded yet
     /// runs `step` eagerly (that is this step's result) and is recorded at once, so every
     /// step of a block length takes the same kernels, eager or replayed: a greedy speculative
-    /// run and the autoregressive run it is compared with see the same logits. (Recording at
-    /// a step's second sighting instead, measured on the H200 2026-11-25, sent first
-    /// sightings down the ordinary path: the oracle benchmark's outputs then left the
-    /// autoregressive reference, τ at α = 0.8, γ = 4 falling from 3.20 to 1.36, while
-    /// `decode_graphs`, which allows bf16 roundings, passed. The ordinary path's bf16
-    /// arithmetic is not the recorded step's bit for bit, and random-weight models' logits
-    /// are full of near-ties.) With `greedy`, the recording ends in each row's argmax of the
-    /// logits `step` returns, written into the recording's `[t]` u32 output buffer, and the
+    /// run and the autoregressive run it is compared with see the same logits (the ordinary
+    /// path's bf16 arithmetic is not the recorded step's bit for bit: docs/kernel-notes.md,
+    /// "Recording at first sighting"). Recordings made under other engine options (see
+    /// [`crate::engine::generation`]) are dropped first. With `greedy`, the recording ends in
+    /// each row's argmax of the logits `step` returns, written into the recording's `[t]` u32 output buffer, and the
     /// result is those ids: no logits are cast, copied or read outside the graph. `None` when
     /// graphs are off for this model (a recording failed once; the error is printed); the
     /// caller then takes its ordinary path.
@@ -196,6 +189,9 @@ impl Graphs {
             return Ok(None);
         }
         let t = ids.len();
+        // Recordings made under other engine options would replay their kernels.
+        let generation = crate::engine::generation();
+        inner.recordings.retain(|(_, r)| r.generation == generation);
         if let Some(i) = inner
             .recordings
             .iter()
@@ -225,7 +221,7 @@ impl Graphs {
         let _params = dev.enable_cuda_graph_htod_cache();
         let eager = step(&ids, &len_t)?;
         let (eager, out) = if greedy {
-            let best = super::fused::argmax_on_device(&eager)?;
+            let best = super::dense::argmax_on_device(&eager)?;
             let out = best.zeros_like()?;
             (best, out)
         } else {
@@ -235,7 +231,7 @@ impl Graphs {
         match record(dev, || {
             let logits = step(&ids, &len_t)?;
             if greedy {
-                super::fused::argmax_into(&logits, &out)
+                Ok(super::dense::argmax_into(&logits, &out)?)
             } else {
                 out.slice_set(&logits, 0, 0)?;
                 Ok(())
@@ -253,6 +249,7 @@ impl Graphs {
                         out,
                         graph,
                         rows: t,
+                        generation,
                     },
                 ))
             }

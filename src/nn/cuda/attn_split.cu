@@ -1,0 +1,561 @@
+// Split attention of decode and verification steps over a KV cache read in place
+// (`SplitAttention` in attention.rs): per-split partial softmax, combined by the last split
+// of each (row, head) or inside a thread block cluster; RoPE and the K/V store optionally
+// fused in.
+#pragma once
+#include "common.cuh"
+
+// Split counts of attn_split, per (row, head): zero at module load, back to zero after each
+// launch. `ATTN_COUNTERS` in attention.rs.
+constexpr int ATTN_COUNTERS = 8192;
+__device__ unsigned int attn_done[ATTN_COUNTERS];
+// Most splits (`MAX_SPLITS` in attention.rs): the combine stages one weight per split and head
+// in shared memory.
+constexpr int MAX_SPLITS = 512;
+
+// Combines the n splits' partial results of nh ≤ HB heads at once: head h's split s is
+// p[h * head_stride + s * (D + 2) ...] = (m, l, acc[D]), and its output
+// out[h * D + e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s.
+// Warp h takes head h's scalars (one round of independent loads for the m's, one for the l's,
+// the weights staged in shared memory); then every thread sums its (head, dimension) items
+// over the splits, eight splits' loads in flight per item. All heads' chains of loads
+// overlap: combining four heads one after another made an 8k-key decode step's combine a
+// chain of ~24 dependent L2 round trips, now ~6. Per head the arithmetic is that head's
+// alone (sums in split order), so a row's result does not depend on its neighbours. Reads
+// through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
+template <typename T, int D, int HB, int W>
+__device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int n,
+                             T *__restrict__ out) {
+  static_assert(HB <= W, "one warp per head's scalars");
+  __shared__ float weight[HB][MAX_SPLITS];
+  __shared__ float total[HB];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp < nh) {
+    const float *ph = p + warp * head_stride;
+    float m = -INFINITY;
+    for (int s = lane; s < n; s += 32) {
+      const float ms = __ldcg(ph + (long)s * (D + 2));
+      weight[warp][s] = ms;
+      m = fmaxf(m, ms);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int s = lane; s < n; s += 32) {
+      const float ms = weight[warp][s];
+      const float wgt = ms > -INFINITY ? __expf(ms - m) : 0.f;
+      weight[warp][s] = wgt;
+      l += __ldcg(ph + (long)s * (D + 2) + 1) * wgt;
+    }
+    l = warp_sum(l);
+    if (lane == 0) total[warp] = l;
+  }
+  __syncthreads();
+  constexpr int ITEMS = (HB * D + W * 32 - 1) / (W * 32);
+  float a[ITEMS];
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) a[it] = 0.f;
+  for (int s0 = 0; s0 < n; s0 += 8) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u;
+#pragma unroll
+      for (int it = 0; it < ITEMS; ++it) {
+        const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
+        if (s < n && h < nh)
+          a[it] += __ldcg(p + h * head_stride + (long)s * (D + 2) + 2 + e) * weight[h][s];
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
+    if (h < nh) out[h * D + e] = from_f32<T>(total[h] > 0.f ? a[it] / total[h] : 0.f);
+  }
+}
+
+// Thread block clusters (compute capability 9.0+; the host launches the `_cl` kernels only
+// there). `cluster_sync`: every thread of every block of the cluster arrives, with release
+// semantics for its earlier writes (shared memory included), and waits, with acquire
+// semantics. `ld_cluster`: a float of block `rank`'s shared memory at the address `p` has in
+// this block's (distributed shared memory: the same static layout in every block).
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float ld_cluster(const float *p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r));
+  return v;
+#else
+  return 0.f;
+#endif
+}
+
+// Most splits of a cluster-combined split attention (`CLUSTER_SPLITS` in attention.rs): the
+// portable cluster size.
+constexpr int CL_MAX = 8;
+
+// The cluster's combine (`_cl` kernels): blocks first ... first + n - 1 of the cluster (one
+// split each, ranks = splits) hold their split's (m, l, acc[D]) for nh ≤ HB heads in shared
+// memory (`cm`, `cl`, `cacc` [HB][D]); this block reads them all, every load of a thread in
+// flight at once (one round trip within the GPC, where the global combine takes a fence, a
+// counter and three dependent L2 round trips), and writes out[h * D + e] =
+// sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s, both sums in
+// split order. Like `attn_combine`, a head's result depends on its own splits only.
+template <typename T, int D, int HB, int W>
+__device__ void attn_combine_cluster(const float *cm, const float *cl, const float *cacc,
+                                     int nh, int first, int n, T *__restrict__ out) {
+  for (int i = threadIdx.x; i < nh * D; i += W * 32) {
+    const int h = i / D, e = i % D;
+    float ms[CL_MAX], ls[CL_MAX], as[CL_MAX];
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n) {
+        ms[s] = ld_cluster(cm + h, first + s);
+        ls[s] = ld_cluster(cl + h, first + s);
+        as[s] = ld_cluster(cacc + h * D + e, first + s);
+      }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n) M = fmaxf(M, ms[s]);
+    float L = 0.f, a = 0.f;
+#pragma unroll
+    for (int s = 0; s < CL_MAX; ++s)
+      if (s < n && ms[s] > -INFINITY) {
+        const float w = __expf(ms[s] - M);
+        L += ls[s] * w;
+        a += as[s] * w;
+      }
+    out[h * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+  }
+}
+
+// Split-K attention of single query rows over a cache ("flash decoding").
+//
+// Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
+// HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
+// z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: W
+// warps (8 by default: twice the loads in flight and half the chain of tiles of 4; the
+// choice follows the cache's capacity, never the row count). Split s covers key indices
+// [s * split_len, (s+1) * split_len) in tiles of 32 keys,
+// one tile per warp at a time: lane l loads key tile + l once and scores it against each of
+// the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
+// lane loads its E dimensions of each of the tile's value rows once and accumulates them for
+// every head (coalesced). Grouped query heads thus read their K/V once per block, not once
+// per head. The keys are `len` consecutive positions and the t queries are the newest t of
+// them: query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with
+// a sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
+// not null (a captured graph replays with the length of the step), else it is `len_arg`.
+//
+// Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
+// output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)];
+// the last split block of a (row, head block) to finish combines them into y[i, h * d ...]
+// ([t, heads * d]). Splits without a visible key write nothing; a query whose visible keys
+// all sit in one split writes y directly (what the combine makes of one split: its weight
+// is exp(0) = 1). A head's result depends on its own row, keys and the split boundaries
+// only: never on t, the group or the other heads of its block.
+// HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
+// or 4 (long caches: K/V read once for four heads).
+// CL (the `_cl` kernels, compute capability 9.0+): gridDim.z = the splits any query of the
+// launch sees (2 to CL_MAX), launched as clusters of gridDim.z blocks; each block takes one
+// split and leaves its (m, l, acc) in shared memory, and the block of the query's first
+// visible split combines them through distributed shared memory (`attn_combine_cluster`):
+// no partial rows in global memory, no counter.
+//
+// Fused RoPE and K/V store (ROPE; a decode or verification step's graph): q is the
+// projection's output before RoPE, and the step's t new keys and values (positions
+// len - t ... len - 1) are not yet in the cache. The block rotates its query rows as it
+// stages them (rounded to T, as a rotated q tensor would be) and, in the same loop, before
+// any split is read, writes the new positions of its splits it sees — k rotated, v as is —
+// into the cache
+// (`rope.kw`, `rope.vw`: the buffers k and v view). Its K/V loads then all go through the L2
+// (`load_vec_cg`): the read-only path may not see what the kernel wrote. Every block that
+// sees a new position writes the same bytes there; the query of row i sees its own
+// position, so all t are written. Older positions are only read.
+template <typename T> struct FusedRope {
+  const T *k_new, *v_new;  // [t, kv_heads, d] rows k_row / v_row apart, heads d apart
+  long k_row, v_row;
+  const T *cos, *sin;      // [P, d / 2] tables
+  T *kw, *vw;              // the cache buffers k and v view, written
+};
+
+template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false>
+__device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
+                           const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
+                           const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
+                           int heads, int group, long q_head_stride, long q_row_stride,
+                           long kv_head_stride, int split_len, int splits, int window,
+                           float softcap, const FusedRope<T> rope) {
+  constexpr int D = 32 * E;
+  // Elements per 16-byte load of a key row.
+  constexpr int V16 = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hblocks = (group + HB - 1) / HB;
+  const int row = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
+  const int h0 = blockIdx.y * group + hb * HB, nh = min(HB, group - hb * HB);
+  const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
+  const int qpos = len - t + row;
+  // The splits holding a key this query sees: [first_split, end_split). This block takes
+  // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
+  // (a graph's splits span the cache's capacity) leaves at once.
+  const int first_split = window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+  const int end_split = min(qpos / split_len + 1, splits);
+  const int z = blockIdx.z, zs = gridDim.z;
+  const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
+  // CL: the row's splits are one cluster's blocks (gridDim.z = splits ≤ CL_MAX, one split a
+  // block, cluster rank = split). Where the query sees several, every block of the cluster
+  // takes part in the combine's two barriers, those without a visible key included.
+  const bool multi = end_split - first_split > 1;
+  if (start >= end_split) {
+    pdl_begin();  // every block waits: the kernel completes only after the one ahead of it
+    if (CL && multi) {
+      cluster_sync();
+      cluster_sync();
+    }
+    return;
+  }
+  // Before `pdl_begin` (the kernel ahead, the q/k/v product, may still run): an L2 prefetch
+  // of the key and value rows of this block's first split that lie below the step's new
+  // positions. Those were written by earlier steps, and no kernel of a step writes them (a
+  // step writes only its own t positions; the length comes from the host's copy into the
+  // graph's input buffer, or an argument), so the requests may overlap the kernel ahead; the
+  // loads after `pdl_begin` then find the rows in the L2 instead of HBM. (Loading the first
+  // tile into registers instead held 70-130 more registers a thread.) Only for queries that
+  // see at most PF_SPLITS splits: over long caches every block's prefetch together is the
+  // layer's whole K/V, issued while the product ahead streams its weights (slower there:
+  // docs/kernel-notes.md, "Split attention: K/V prefetch"). Touches no result: the loads
+  // read the same bytes.
+  constexpr int PF_SPLITS = 4;
+  if (end_split - first_split <= PF_SPLITS) {
+    const int a = start * split_len, b = min((start + 1) * split_len, len - t);
+    constexpr int LINES = D * sizeof(T) >= 128 ? D * sizeof(T) / 128 : 1;  // 128-byte lines a row
+    const T *kr = k + blockIdx.y * kv_head_stride, *vr = v + blockIdx.y * kv_head_stride;
+    for (int i = threadIdx.x; i < (b - a) * LINES; i += blockDim.x) {
+      const long off = (long)(a + i / LINES) * D + (i % LINES) * (128 / (int)sizeof(T));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + off));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
+    }
+  }
+  pdl_begin();
+
+  constexpr int HALF = D / 2;
+  // First of the step's new positions (with fused RoPE: not in the cache until written here).
+  const int fresh = ROPE ? len - t : len;
+  __shared__ float sq[HB][D];
+  // The query rows into shared memory (rotated with RoPE fused) and, with RoPE fused, the new
+  // positions this query sees in this block's splits into the cache, in one loop: both
+  // rounds of loads in flight together, one barrier for both. The new positions are the
+  // last t ≤ 32 < split_len, so they lie in at most two splits.
+  const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
+  for (int i = threadIdx.x; i < max(HB * D, writes); i += blockDim.x) {
+    const int h = i / D, e = i % D;
+    if (h < HB) {
+      const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
+      float x = 0.f;
+      if (ROPE && h < nh) {
+        const int f = e % HALF;
+        const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
+        const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
+        const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
+        x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
+      } else if (h < nh) {
+        x = to_f32(qr[e]);
+      }
+      sq[h][e] = x;
+    }
+    const int p = fresh + i / HALF, f = i % HALF, split = p / split_len;
+    const bool visible = window <= 0 || p > qpos - window;
+    if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
+      const int n = p - fresh;
+      const float c = to_f32(rope.cos[(long)p * HALF + f]);
+      const float sn = to_f32(rope.sin[(long)p * HALF + f]);
+      const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
+      const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+      o[f] = from_f32<T>(x1 * c - x2 * sn);
+      o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
+      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
+      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+      w[f] = vn[f];
+      w[f + HALF] = vn[f + HALF];
+    }
+  }
+  __syncthreads();
+  const T *kb = k + blockIdx.y * kv_head_stride;
+  const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
+  __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
+  // CL: this block's split result, read by the combining block of the cluster.
+  __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
+  int mine = 0;  // splits this block wrote
+  for (int split = start; split < end_split; split += zs, ++mine) {
+    const int hi = min(qpos + 1, (split + 1) * split_len);
+    int lo = split * split_len;
+    if (window > 0) lo = max(lo, qpos + 1 - window);
+    float m[HB], l[HB], acc[HB][E];
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+    }
+    for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
+      const int j = tile + lane;
+      const bool live = j >= lo && j < hi;
+      if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
+      // Value rows in batches of VB independent loads, each batch one round trip to memory
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
+      // HV (the `_hv` kernels): the first batch does not depend on the scores, so it loads
+      // beside the keys, in their round trip, kept as stored until the scores are known: one
+      // round trip fewer a tile, the same values summed in the same order, but 32 more
+      // registers a thread (fewer blocks an SM: for grids of one wave only).
+      constexpr int VB = E <= 2 ? 32 : E <= 4 ? 16 : 8;
+      const int n = min(32, hi - tile);
+      Vec<T, E> v0[HV ? VB : 1];
+      if constexpr (HV) {
+#pragma unroll
+        for (int u = 0; u < VB; ++u)
+          if (u < n)
+            v0[u] = ROPE ? load_raw_cg<T, E>(vb + (long)(tile + u) * D)
+                         : *reinterpret_cast<const Vec<T, E> *>(vb + (long)(tile + u) * D);
+      }
+      float sc[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
+      if (live) {
+        const T *kr = kb + (long)j * D;
+        float dot[HB];
+#pragma unroll
+        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
+#pragma unroll
+        for (int c = 0; c < D; c += V16) {
+          float kv_[V16];
+          // With RoPE fused every K/V load goes through the L2: a choice per load would
+          // serialise the batches of independent loads (a far slower kernel).
+          if (ROPE)
+            load_vec_cg<T, V16>(kr + c, kv_);
+          else
+            load_vec<T, V16>(kr + c, kv_);
+#pragma unroll
+          for (int h = 0; h < HB; ++h)
+#pragma unroll
+            for (int e = 0; e < V16; ++e) dot[h] += sq[h][c + e] * kv_[e];
+        }
+#pragma unroll
+        for (int h = 0; h < HB; ++h)
+          sc[h] = softcap > 0.f ? tanhf(dot[h] / softcap) * softcap : dot[h];
+      }
+      float p[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        float tile_max = sc[h];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+        const float m_new = fmaxf(m[h], tile_max);
+        const float corr = __expf(m[h] - m_new);
+        p[h] = live ? __expf(sc[h] - m_new) : 0.f;
+        l[h] = l[h] * corr + warp_sum(p[h]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] *= corr;
+        m[h] = m_new;
+      }
+      for (int base = 0; base < n; base += VB) {
+        float vv[VB][E];
+#pragma unroll
+        for (int u = 0; u < VB; ++u) {
+          if (HV && base == 0 && u < n) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) vv[u][e] = to_f32(v0[HV ? u : 0].x[e]);
+          } else if (base + u < n) {
+            if (ROPE)
+              load_vec_cg<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+            else
+              load_vec<T, E>(vb + (long)(tile + base + u) * D, vv[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) vv[u][e] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < VB; ++u)
+#pragma unroll
+          for (int h = 0; h < HB; ++h) {
+            const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[h][e] += pj * vv[u][e];
+          }
+      }
+    }
+
+    // Combine the warps, head by head.
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      if (lane == 0) {
+        sm[warp][h] = m[h];
+        sl[warp][h] = l[h];
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[h][e];
+    }
+    __syncthreads();
+    const bool only = end_split - first_split == 1;
+    for (int h = 0; h < nh; ++h) {
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][h]);
+      float L = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w)
+        if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
+      const int rh = row * heads + h0 + h;
+      float *out = CL ? nullptr : part + ((long)rh * splits + split) * (D + 2);
+      for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
+        if (only)
+          y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+        else if (CL)
+          cacc[CL ? h : 0][CL ? e : 0] = a;
+        else
+          out[2 + e] = a;
+      }
+      if (!only && threadIdx.x == 0) {
+        if (CL) {
+          cm[CL ? h : 0] = M;
+          cl[CL ? h : 0] = L;
+        } else {
+          out[0] = M;
+          out[1] = L;
+        }
+      }
+    }
+    if (only) return;
+    __syncthreads();  // sm, sl, sacc are the next split's
+  }
+  if constexpr (CL) {
+    cluster_sync();  // every visible split's cm, cl, cacc written
+    if ((int)blockIdx.z == first_split)
+      attn_combine_cluster<T, D, HB, W>(&cm[0], &cl[0], &cacc[0][0], nh, first_split,
+                                        end_split - first_split,
+                                        y + (long)(row * heads + h0) * D);
+    cluster_sync();  // the peers' shared memory lives until the combining block has read it
+    return;
+  }
+  // The last of the (row, head block)'s live splits to finish combines them all (its count
+  // is reset for the next launch; no other block of this launch touches it again).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int *done = &attn_done[row * heads + h0];
+    last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_split - first_split);
+    if (last) *done = 0u;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int rh = row * heads + h0;
+  attn_combine<T, D, HB, W>(part + ((long)rh * splits + first_split) * (D + 2),
+                         (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
+}
+
+// `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
+// prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
+// (`prefetch_l2`; lengths 0 for none).
+#define ATTN_SPLIT1(NAME, T, E, HB, W)                                                          \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
+      NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
+           uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
+           long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
+           float softcap) {                                                                    \
+    attn_split<T, E, HB, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
+                                q_head_stride, q_row_stride, kv_head_stride, split_len,       \
+                                splits, window, softcap, FusedRope<T>{});                     \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(W * 32)                                     \
+      NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
+                  const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
+                  long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
+                  int splits, int window, float softcap, const T *k_new, long k_row,          \
+                  const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
+                  const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
+    attn_split<T, E, HB, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
+                               q_head_stride, q_row_stride, kv_head_stride, split_len,        \
+                               splits, window, softcap,                                       \
+                               FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
+  }
+#define ATTN_SPLIT(NAME, T, E)                                                                 \
+  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)                    \
+  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8)
+
+// The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
+// in a cluster); see attn_split.
+#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL)                                               \
+  extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
+      NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
+           uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
+           long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
+           float softcap, const T *k_new, long k_row, const T *v_new, long v_row,            \
+           const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
+           const char *pf1, long pf1_n) {                                                     \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
+    attn_split<T, E, HB, 8, true, HV, CL>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, \
+                                          q_head_stride, q_row_stride, kv_head_stride,        \
+                                          split_len, splits, window, softcap,                 \
+                                          FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
+                                                       kw, vw});                              \
+  }
+#define ATTN_SPLIT_HV(NAME, T, E)                                                              \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true)                              \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true)                              \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true)
+#define ATTN_SPLIT_CL(NAME, T, E)                                                              \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true)                                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true)
+
+ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
+ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
+ATTN_SPLIT_HV(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT_HV(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT_HV(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT_HV(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT(attn_split_f32_d32, float, 1)
+ATTN_SPLIT(attn_split_f32_d64, float, 2)
+ATTN_SPLIT(attn_split_f32_d128, float, 4)
+ATTN_SPLIT(attn_split_f32_d256, float, 8)
+ATTN_SPLIT(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT(attn_split_bf16_d128, __nv_bfloat16, 4)
+ATTN_SPLIT(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT(attn_split_f16_d128, __half, 4)
+ATTN_SPLIT(attn_split_f16_d256, __half, 8)
+ATTN_SPLIT_CL(attn_split_f32_d32, float, 1)
+ATTN_SPLIT_CL(attn_split_f32_d64, float, 2)
+ATTN_SPLIT_CL(attn_split_f32_d128, float, 4)
+ATTN_SPLIT_CL(attn_split_f32_d256, float, 8)
+ATTN_SPLIT_CL(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT_CL(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT_CL(attn_split_bf16_d128, __nv_bfloat16, 4)
+ATTN_SPLIT_CL(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT_CL(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT_CL(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT_CL(attn_split_f16_d128, __half, 4)
+ATTN_SPLIT_CL(attn_split_f16_d256, __half, 8)

@@ -1,0 +1,205 @@
+// Elementwise and row-wise steps: RoPE with the K/V store at device-side positions, the
+// gated MLP's SiLU, residual add + RMSNorm, row argmax (`attention.rs`, `dense.rs`).
+#pragma once
+#include "common.cuh"
+
+// RoPE of the new block's queries and keys at the positions of a replayed step, with the
+// keys and values written into the KV cache buffers — what a captured CUDA graph needs,
+// since every launch argument is fixed at capture and the positions are not.
+//
+// q: [t, heads, d], k, v: [t, kv_heads, d] (rows `*_row` elements apart, heads d apart);
+// cos, sin: [P, d / 2] tables; the block's row i sits at position len - t + i with
+// len = *len_ptr (the cache's length after the step). Writes q_out [heads, t, d] rotated,
+// and the rotated k and the plain v at slot len - t + i of the caches [kv_heads, cap, d]
+// (`cache_head_stride` elements per head). Non-interleaved (half-split) RoPE, as
+// transformers' Llama: out[e] = x[e] cos - x[e + d/2] sin, out[e + d/2] = x[e] sin + x[e + d/2] cos.
+// Grid: x = t, y = heads + kv_heads. Block: d / 2 threads.
+template <typename T>
+__device__ void rope_store(const T *__restrict__ q, long q_row, const T *__restrict__ k,
+                           long k_row, const T *__restrict__ v, long v_row,
+                           const T *__restrict__ cos, const T *__restrict__ sin,
+                           T *__restrict__ q_out, T *__restrict__ kc, T *__restrict__ vc,
+                           long cache_head_stride, const uint32_t *__restrict__ len_ptr, int t,
+                           int heads, int d) {
+  const int i = blockIdx.x, hh = blockIdx.y, e = threadIdx.x, half = d / 2;
+  const long pos = (long)*len_ptr - t + i;
+  const float c = to_f32(cos[pos * half + e]), s = to_f32(sin[pos * half + e]);
+  if (hh < heads) {
+    const T *x = q + i * q_row + (long)hh * d;
+    const float x1 = to_f32(x[e]), x2 = to_f32(x[e + half]);
+    T *o = q_out + ((long)hh * t + i) * d;
+    o[e] = from_f32<T>(x1 * c - x2 * s);
+    o[e + half] = from_f32<T>(x1 * s + x2 * c);
+  } else {
+    const int g = hh - heads;
+    const T *x = k + i * k_row + (long)g * d;
+    const float x1 = to_f32(x[e]), x2 = to_f32(x[e + half]);
+    T *o = kc + g * cache_head_stride + pos * d;
+    o[e] = from_f32<T>(x1 * c - x2 * s);
+    o[e + half] = from_f32<T>(x1 * s + x2 * c);
+    const T *y = v + i * v_row + (long)g * d;
+    T *w = vc + g * cache_head_stride + pos * d;
+    w[e] = y[e];
+    w[e + half] = y[e + half];
+  }
+}
+
+// The prologue prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) (`prefetch_l2`; lengths 0
+// for none).
+#define ROPE_STORE(NAME, T)                                                                    \
+  extern "C" __global__ void NAME(const T *q, long q_row, const T *k, long k_row, const T *v, \
+                                  long v_row, const T *cos, const T *sin, T *q_out, T *kc,     \
+                                  T *vc, long cache_head_stride, const uint32_t *len_ptr,      \
+                                  int t, int heads, int d, const char *pf0, long pf0_n,        \
+                                  const char *pf1, long pf1_n) {                               \
+    prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
+    pdl_begin();                                                                               \
+    rope_store<T>(q, q_row, k, k_row, v, v_row, cos, sin, q_out, kc, vc, cache_head_stride,   \
+                  len_ptr, t, heads, d);                                                       \
+  }
+
+ROPE_STORE(rope_store_f32, float)
+ROPE_STORE(rope_store_bf16, __nv_bfloat16)
+ROPE_STORE(rope_store_f16, __half)
+
+// Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
+// gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.
+template <typename T>
+__device__ void silu_mul(const T *__restrict__ gu, T *__restrict__ y, int inter, long n) {
+  for (long idx = blockIdx.x * (long)blockDim.x + threadIdx.x; idx < n;
+       idx += (long)gridDim.x * blockDim.x) {
+    const long r = idx / inter, i = idx % inter;
+    const float g = to_f32(gu[r * 2 * inter + i]), u = to_f32(gu[r * 2 * inter + inter + i]);
+    y[idx] = from_f32<T>(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+#define SILU_MUL(NAME, T)                                                                      \
+  extern "C" __global__ void NAME(const T *gu, T *y, int inter, long n) {                     \
+    pdl_begin();                                                                               \
+    silu_mul<T>(gu, y, inter, n);                                                              \
+  }
+SILU_MUL(silu_mul_f32, float)
+SILU_MUL(silu_mul_bf16, __nv_bfloat16)
+SILU_MUL(silu_mul_f16, __half)
+
+// Residual add then RMSNorm of the sum, one block per row: s = x + y (rounded to T, as the
+// separate add would), out = s / sqrt(mean(s^2) + eps) * w. Writes s to out[0] and the norm
+// to out[1] of a [2, t, h] output. 16-byte vectors: thread i holds vectors i,
+// i + blockDim.x, ... (at most NORM_VECS of them) in registers; the norm's weights load
+// before `pdl_begin`. h is a multiple of the vector and rows start 16-byte aligned
+// (`AddRmsNorm` checks).
+constexpr int NORM_VECS = 8;
+template <typename T>
+__device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
+                            const T *__restrict__ w, T *__restrict__ out, int t, int h,
+                            float eps) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int nvec = h / VEC;
+  uint4 wv[NORM_VECS], sv[NORM_VECS];
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
+  }
+  pdl_begin();
+  const long row = blockIdx.x;
+  const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * h);
+  const uint4 *yr = reinterpret_cast<const uint4 *>(y + row * h);
+  uint4 *sr = reinterpret_cast<uint4 *>(out + row * h);
+  uint4 *nr = reinterpret_cast<uint4 *>(out + ((long)t + row) * h);
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) {
+      const uint4 a = xr[i], b = yr[i];
+      const T *pa = reinterpret_cast<const T *>(&a), *pb = reinterpret_cast<const T *>(&b);
+      T *ps = reinterpret_cast<T *>(&sv[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        ps[e] = from_f32<T>(to_f32(pa[e]) + to_f32(pb[e]));
+        const float f = to_f32(ps[e]);
+        ss += f * f;
+      }
+      sr[i] = sv[k];
+    }
+  }
+  __shared__ float red[32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
+  const float scale = rsqrtf(ss / h + eps);
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) {
+      const T *ps = reinterpret_cast<const T *>(&sv[k]), *pw = reinterpret_cast<const T *>(&wv[k]);
+      uint4 o;
+      T *po = reinterpret_cast<T *>(&o);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) po[e] = from_f32<T>(to_f32(ps[e]) * scale * to_f32(pw[e]));
+      nr[i] = o;
+    }
+  }
+}
+
+#define ADD_RMSNORM(NAME, T)                                                                   \
+  extern "C" __global__ void NAME(const T *x, const T *y, const T *w, T *out, int t, int h,   \
+                                  float eps) {                                                 \
+    add_rmsnorm<T>(x, y, w, out, t, h, eps);                                                   \
+  }
+ADD_RMSNORM(add_rmsnorm_f32, float)
+ADD_RMSNORM(add_rmsnorm_bf16, __nv_bfloat16)
+ADD_RMSNORM(add_rmsnorm_f16, __half)
+
+// Argmax of each row of a contiguous [rows, n]: one block per row; the first index of the
+// largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32. Half
+// precision rows compare as their exact f32 values, so a bf16 row's argmax is its f32 cast's.
+template <typename T>
+__device__ void argmax_rows(const T *__restrict__ x, uint32_t *__restrict__ out, int n) {
+  pdl_begin();
+  const T *r = x + (long)blockIdx.x * n;
+  float best = -INFINITY;
+  int idx = n;  // past the end: "none yet"
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = to_f32(r[j]);
+    if (v > best || (idx == n && v == best)) {
+      best = v;
+      idx = j;
+    }
+  }
+  // Reduce (best, idx): larger value, then smaller index.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (b2 > best || (b2 == best && i2 < idx)) {
+      best = b2;
+      idx = i2;
+    }
+  }
+  __shared__ float sb[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    sb[warp] = best;
+    si[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x + 31) / 32; ++w)
+      if (sb[w] > best || (sb[w] == best && si[w] < idx)) {
+        best = sb[w];
+        idx = si[w];
+      }
+    out[blockIdx.x] = idx < n ? (uint32_t)idx : 0u;
+  }
+}
+#define ARGMAX_ROWS(NAME, T)                                                                   \
+  extern "C" __global__ void NAME(const T *x, uint32_t *out, int n) { argmax_rows<T>(x, out, n); }
+ARGMAX_ROWS(argmax_rows_f32, float)
+ARGMAX_ROWS(argmax_rows_bf16, __nv_bfloat16)
+ARGMAX_ROWS(argmax_rows_f16, __half)
