@@ -97,8 +97,8 @@ was proposed (acceptance of draft i implies acceptance of drafts 1..i−1).
 * **tok/s** = new tokens / wall seconds of a repeat's generations (prefill included), the median \
 over repeats.
 * **speedup** = the median over (repeat, prompt) pairs of this point's tok/s / the tok/s of the \
-same prompt in the same repeat at the autoregressive point with the same sampling and cache; in \
-brackets its 95% percentile-bootstrap interval. With `order = \"interleaved\"` the two ran back \
+same prompt in the same repeat at the autoregressive point with the same sampling, cache and \
+engine options; in brackets its 95% percentile-bootstrap interval. With `order = \"interleaved\"` the two ran back \
 to back.
 * **c** = seconds per draft forward (`draft_s / (draft_forwards − generations)`: the draft's prompt \
 prefill is booked as prefill) / seconds per decode-phase target forward of the matching \

@@ -19,8 +19,8 @@ use paired::against_baseline;
 pub(crate) use point::ratio;
 
 /// Sums the records of each point (in `points` order), then derives the ratios; speedups,
-/// costs and predictions refer to the autoregressive point with the same sampling and cache,
-/// paired by (repeat, prompt).
+/// costs and predictions refer to the autoregressive point with the same sampling, cache
+/// and engine options, paired by (repeat, prompt).
 pub fn summarize(points: &[SweepPoint], records: &[ResultRecord]) -> Vec<PointSummary> {
     let mut rows: Vec<PointSummary> = points
         .iter()

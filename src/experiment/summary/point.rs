@@ -52,7 +52,8 @@ pub struct PointSummary {
     /// Median over repeats of (new tokens / wall seconds) of each repeat's prompts.
     pub tokens_per_s: f64,
     /// Median over (repeat, prompt) pairs of tokens/s / tokens/s of the same prompt and
-    /// repeat at the autoregressive point with the same sampling and cache.
+    /// repeat at the autoregressive point with the same sampling, cache and engine
+    /// options.
     pub speedup: Option<f64>,
     /// 95% bootstrap interval of `speedup`: (low, high).
     pub speedup_interval: Option<(f64, f64)>,
