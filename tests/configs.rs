@@ -7,6 +7,7 @@
 //! are checked for structure and for their (shipped) datasets.
 use std::path::{Path, PathBuf};
 
+use specdec::engine::EngineOptions;
 use specdec::experiment::{
     apply_override, load_prompts, sweep_points, DatasetConfig, ExperimentConfig, GammaChoice,
     Method,
@@ -348,4 +349,86 @@ fn oracle_drafters_are_validated() {
     );
     let (_dir, path) = config_file(&format!("{base}alpha = 0.8\n[sweep]\ntemperature = [0]\n"));
     ExperimentConfig::load(&path, &[]).expect("a greedy oracle config validates");
+}
+
+#[test]
+fn engine_options_default_to_exps_and_lists_are_swept() {
+    // Left out: the library's defaults, except CUDA graphs on (exp runs one sequence on one
+    // thread).
+    let config = ExperimentConfig::from_toml("[drafters.a]\nkind = \"ngram\"\n").unwrap();
+    let points = sweep_points(&config);
+    let want = EngineOptions {
+        cuda_graphs: true,
+        ..EngineOptions::default()
+    };
+    assert!(points.iter().all(|p| p.engine == want));
+    assert!(points.iter().all(|p| p.engine_swept.is_empty()));
+    assert_eq!(points[0].label(), "autoregressive T=0 staged");
+    // Every option is a key; the written config states every one and reads back the same.
+    let written = config.to_toml().unwrap();
+    for key in EngineOptions::keys() {
+        assert!(written.contains(&format!("\n{key} = ")), "{key}: {written}");
+    }
+    assert_eq!(ExperimentConfig::from_toml(&written).unwrap(), config);
+
+    let text = "[drafters.a]\nkind = \"ngram\"\n[sweep]\ngamma = [1, 2]\n\
+                [engine]\nqueued_verify = [true, false]\ngemv_max_warps = [16, 32]\npdl = false\n";
+    let config = ExperimentConfig::from_toml(text).unwrap();
+    config.validate().unwrap();
+    let points = sweep_points(&config);
+    // (1 autoregressive + 2 γ) × 4 engine combinations.
+    assert_eq!(points.len(), 3 * 4);
+    assert!(points.iter().all(|p| !p.engine.pdl && p.engine.cuda_graphs));
+    let labels: std::collections::BTreeSet<String> = points.iter().map(|p| p.label()).collect();
+    assert_eq!(labels.len(), points.len(), "labels stay unique: {labels:?}");
+    assert!(
+        labels.contains("a γ=2 T=0 staged gemv_max_warps=32 queued_verify=false"),
+        "{labels:?}"
+    );
+    // Each speculative point's baseline has its engine options.
+    for p in points.iter().filter(|p| p.gamma.is_some()) {
+        let base: Vec<_> = points.iter().filter(|b| b.is_baseline_for(p)).collect();
+        assert_eq!(base.len(), 1, "{}", p.label());
+        assert_eq!(base[0].engine, p.engine);
+    }
+    let again = ExperimentConfig::from_toml(&config.to_toml().unwrap()).unwrap();
+    assert_eq!(again, config);
+    // `--set` reaches the table like any other.
+    let (_dir, path) = config_file("[sweep]\nmethod = \"autoregressive\"\n");
+    let config = ExperimentConfig::load(&path, &["engine.attn_rows_heads=[2, 4]".into()]).unwrap();
+    assert_eq!(sweep_points(&config).len(), 2);
+}
+
+#[test]
+fn bad_engine_keys_and_values_name_the_key() {
+    let cases = [
+        (
+            "gemv_warps = 16\n",
+            "engine.gemv_warps: unknown engine option",
+        ),
+        (
+            "queued_verify = \"yes\"\n",
+            "engine.queued_verify = \"yes\"",
+        ),
+        (
+            "gemv_max_warps = [16, 12]\n",
+            "engine.gemv_max_warps = 12: expected 8, 16 or 32",
+        ),
+        ("gemv_loads = 3\n", "engine.gemv_loads = 3"),
+        ("l2_prefetch_mb = -1\n", "engine.l2_prefetch_mb = -1"),
+        (
+            "attn_rows_heads = [2, 2]\n",
+            "engine.attn_rows_heads: 2 is listed twice",
+        ),
+        ("pdl = []\n", "engine.pdl = []"),
+    ];
+    for (table, needle) in cases {
+        let err = load_err(&format!("[engine]\n{table}"));
+        assert!(err.contains(needle), "{table:?} gave: {err}");
+    }
+    let (_dir, path) = config_file("");
+    let err = ExperimentConfig::load(&path, &["engine.tc_gemv=2".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("engine.tc_gemv = 2"), "{err}");
 }

@@ -395,8 +395,235 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     }
     let (ok, stdout, stderr) = exp(&args);
     assert!(ok, "exp failed: {stderr}");
-    assert!(stdout.contains("| # | method"), "{stdout}");
+    // The terminal leads with the fastest points; the full table is in summary.md.
+    assert!(
+        stdout.contains("| drafter | sampling | γ | speedup [95%]"),
+        "{stdout}"
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("| # | method"), "{summary}");
     check_result_folder(&out);
+}
+
+#[test]
+fn the_default_run_prints_at_most_40_lines_answer_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // The default sweep (36 points), on fewer prompts and tokens.
+    let (ok, stdout, stderr) = exp(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "dataset.limit=2",
+        "--set",
+        "max_new_tokens=16",
+        "--set",
+        "repeats=1",
+    ]);
+    assert!(ok, "exp failed: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() <= 40, "{} lines:\n{stdout}", lines.len());
+    assert!(
+        lines[0].starts_with("Fastest point per drafter"),
+        "{stdout}"
+    );
+    // One row per drafter and temperature, with the cache strategy (swept) named.
+    for row in [
+        "| lookup | T=0 |",
+        "| lookup | T=1 |",
+        "| small | T=0 |",
+        "| small | T=1 |",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    assert!(stdout.contains(" cache |"), "{stdout}");
+    for check in [
+        "Greedy speculative outputs against autoregressive: **identical**",
+        "Greedy outputs across strategies: **identical**",
+        "Peak resident memory",
+    ] {
+        assert!(stdout.contains(check), "{check}: {stdout}");
+    }
+    assert!(
+        stdout.contains(&out.join("summary.md").display().to_string()),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("summary.csv") && stdout.contains("plots/"),
+        "{stdout}"
+    );
+    // The prefix store is off: no prefill section anywhere.
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(!summary.contains("## Prefill"), "{summary}");
+    assert!(!stdout.contains("Prefill"), "{stdout}");
+    assert!(summary.contains("| # | method") && summary.contains("## Cache strategies"));
+}
+
+#[test]
+fn engine_options_are_swept_recorded_and_change_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let sets = [
+        "device=\"cpu\"",
+        "dataset.limit=2",
+        "max_new_tokens=16",
+        "repeats=1",
+        "sweep.gamma=2",
+        "sweep.temperature=0.0",
+        "sweep.cache=\"staged\"",
+        "engine.queued_verify=[true, false]",
+        "engine.gemv_max_warps=[16, 32]",
+    ];
+    let mut args = vec![
+        "run",
+        "configs/default.toml",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let (ok, stdout, stderr) = exp(&args);
+    assert!(ok, "exp failed: {stderr}");
+    // config.toml holds the table as run; its points are the run's.
+    let written = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        written.contains("queued_verify = [true, false]"),
+        "{written}"
+    );
+    assert!(written.contains("gemv_max_warps = [16, 32]"), "{written}");
+    assert!(written.contains("cuda_graphs = true"), "{written}");
+    let config = ExperimentConfig::load(&out.join("config.toml"), &[]).unwrap();
+    let points = sweep_points(&config);
+    // (autoregressive + 2 drafters) × 4 engine combinations.
+    assert_eq!(points.len(), 3 * 4);
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    let mut outputs: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        let engine = r["engine"]
+            .as_object()
+            .expect("every record has its engine options");
+        assert_eq!(
+            engine.len(),
+            specdec::engine::EngineOptions::keys().len(),
+            "{line}"
+        );
+        let point = &points[r["point"].as_u64().unwrap() as usize];
+        assert_eq!(
+            engine["queued_verify"], point.engine.queued_verify,
+            "{line}"
+        );
+        assert_eq!(
+            engine["gemv_max_warps"], point.engine.gemv_max_warps,
+            "{line}"
+        );
+        assert_eq!(
+            r["engine_swept"],
+            serde_json::json!(["gemv_max_warps", "queued_verify"])
+        );
+        seen.insert((
+            engine["queued_verify"].to_string(),
+            engine["gemv_max_warps"].to_string(),
+        ));
+        let prompt = r["prompt_id"].as_str().unwrap().to_string();
+        outputs
+            .entry(prompt)
+            .or_default()
+            .push(r["output_ids"].clone());
+    }
+    assert_eq!(seen.len(), 4, "every combination ran: {seen:?}");
+    for (prompt, outs) in &outputs {
+        assert_eq!(outs.len(), points.len());
+        assert!(
+            outs.iter().all(|o| *o == outs[0]),
+            "greedy outputs differ on {prompt}"
+        );
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("| small | 2 | T=0 staged gemv_max_warps=32 queued_verify=false |"),
+        "the table names the swept options: {summary}"
+    );
+    assert!(summary.contains("## Engine options"), "{summary}");
+    assert!(
+        summary.contains("Greedy outputs across engine options: **identical**"),
+        "{summary}"
+    );
+    assert!(stdout.contains(" engine |"), "{stdout}");
+    assert!(
+        stdout.contains("Greedy outputs across engine options: **identical**"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert!(
+        csv.contains("\"gemv_max_warps=16 queued_verify=true\""),
+        "{csv}"
+    );
+}
+
+#[test]
+fn environment_overrides_are_recorded_as_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = Command::new(env!("CARGO_BIN_EXE_exp"))
+        .args(["--out", out.to_str().unwrap(), "--no-progress"])
+        .args([
+            "--set",
+            "dataset.limit=1",
+            "--set",
+            "max_new_tokens=8",
+            "--set",
+            "repeats=1",
+        ])
+        .args([
+            "--set",
+            "sweep.method=\"autoregressive\"",
+            "--set",
+            "sweep.temperature=0.0",
+        ])
+        .args([
+            "--set",
+            "sweep.cache=\"staged\"",
+            "--set",
+            "engine.gemv_max_warps=[16, 32]",
+        ])
+        .env("SPECDEC_GEMV_MAX_WARPS", "8")
+        .env("SPECDEC_CUDA_GRAPHS", "0")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let written = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(written.contains("gemv_max_warps = 8\n"), "{written}");
+    assert!(written.contains("cuda_graphs = false\n"), "{written}");
+    let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "the override leaves one combination"
+    );
+    let r: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(r["engine"]["gemv_max_warps"], 8);
+    assert_eq!(r["engine"]["cuda_graphs"], false);
+    // A bad override names its variable and runs nothing.
+    let bad = Command::new(env!("CARGO_BIN_EXE_exp"))
+        .args([
+            "--out",
+            dir.path().join("bad").to_str().unwrap(),
+            "--no-progress",
+        ])
+        .env("SPECDEC_ATTN_ROWS_HEADS", "3")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("attn_rows_heads"), "{stderr}");
+    assert!(!dir.path().join("bad").exists());
 }
 
 /// Every field a record must carry.

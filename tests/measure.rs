@@ -133,6 +133,8 @@ fn point(gamma: Option<usize>) -> SweepPoint {
         prefix_cache: false,
         tree_width: 1,
         tree_budget: None,
+        engine: specdec::engine::EngineOptions::default(),
+        engine_swept: Vec::new(),
     }
 }
 

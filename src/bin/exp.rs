@@ -96,24 +96,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let outcome = run_experiment(&config, &opts)
         .with_context(|| format!("experiment {} ({}) failed", config.name, path.display()))?;
-    println!("{}", outcome.table);
-    println!("{}", outcome.checks);
+    print!("{}", outcome.answer);
     println!("results: {}", outcome.dir.display());
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // One sequence at a time on one thread: CUDA graph replay is safe here (see
-    // `specdec::nn::graphs_enabled`); SPECDEC_CUDA_GRAPHS=0 turns it off.
-    let graphs = specdec::engine::EngineOptions {
-        cuda_graphs: true,
-        ..specdec::engine::get()
-    };
-    if let Err(e) = specdec::engine::env::overrides(graphs).and_then(specdec::engine::set) {
-        eprintln!("error: {e}");
-        return ExitCode::FAILURE;
-    }
+    // Engine options (CUDA graphs among them) come from the config's `[engine]` table, with
+    // the SPECDEC_* variables as an override layer; the runner puts each point's in effect.
     // The whole run on rayon's pool: candle's parallel CPU ops then start in place instead of
     // handing off to the pool from outside it (see `on_cpu_pool`).
     let result = specdec::nn::on_cpu_pool(|| match cli.command {

@@ -12,7 +12,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use super::config::{CacheChoice, GammaChoice};
-use super::report::PointSummary;
+use super::summary::PointSummary;
 use crate::error::{Error, Result};
 
 type PlotResult = std::result::Result<(), Box<dyn std::error::Error>>;
@@ -76,10 +76,17 @@ fn panel_rows(rows: &[PointSummary]) -> PanelRows<'_> {
     for row in rows {
         let s = &row.settings;
         if let (Some(d), Some(GammaChoice::Fixed(g))) = (&s.drafter, s.gamma) {
-            let sampling = s.setting_label();
-            let sampling = sampling.trim_end_matches(&format!(" {}", s.cache));
+            // Everything of the setting but the cache, which is the panel's series.
+            let mut title = format!("{d} · {}", s.sampling_label());
+            if s.prefix_cache {
+                title += " prefix-cache";
+            }
+            let engine = s.engine_label();
+            if !engine.is_empty() {
+                title += &format!(" {engine}");
+            }
             panels
-                .entry(format!("{d} · {sampling}"))
+                .entry(title)
                 .or_default()
                 .entry(s.cache)
                 .or_default()

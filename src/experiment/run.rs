@@ -9,20 +9,23 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokenizers::Tokenizer;
 
-use super::by_prompt::{prompt_markdown, prompt_rows};
 use super::chat::{encode_conversation, encode_prompt, ChatTemplate};
 use super::config::{DrafterKind, ExperimentConfig, TurnsChoice};
 use super::context::check_context;
-use super::conversation::Conversations;
 use super::dataset::load_prompts;
 use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
 use super::output::{default_result_path, ResultDir};
 use super::plot::write_plots;
-use super::report::{csv, markdown, markdown_table, summarize, PointSummary, StrategyCheck};
-use super::report_prefix::{prefill_section, store_section, turns_section};
-use super::runner::{DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
+use super::report::{
+    answer, csv, engine_section, markdown, markdown_table, prefill_section, prompt_markdown,
+    prompt_rows, store_section, store_verdict, tree_markdown, turns_section, Agreement,
+    StrategyCheck, ENGINE_VERDICT, SPECULATIVE_VERDICT,
+};
+use super::runner::{
+    Conversations, DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver,
+};
+use super::summary::{summarize, PointSummary};
 use super::sweep::{sweep_points, SweepPoint};
-use super::tree_report::tree_markdown;
 use crate::error::{Error, Result};
 use crate::models::load_tokenizer;
 use crate::speculative::ReferenceStore;
@@ -45,8 +48,13 @@ pub struct RunOutcome {
     pub summaries: Vec<PointSummary>,
     /// The summary table (Markdown).
     pub table: String,
-    /// The cache-strategy section and the peak resident memory line (Markdown).
+    /// The sections of summary.md after the table (cache strategies, engine options, prefix
+    /// store, …, those with nothing to say left out) and the peak resident memory line
+    /// (Markdown).
     pub checks: String,
+    /// What `exp` prints: the fastest point per drafter and sampling setting, the one-line
+    /// checks and where the full tables are (at most about 40 lines).
+    pub answer: String,
 }
 
 /// The process's peak resident memory in bytes (`VmHWM` of `/proc/self/status`); `None` where
@@ -68,10 +76,17 @@ fn peak_rss_line() -> String {
     }
 }
 
-/// Runs `config` (already validated): checks paths and the result folder, loads tokenizer,
+/// Runs `config` (already validated): applies the `SPECDEC_*` engine overrides
+/// ([`crate::engine::env`]) to `[engine]`, checks paths and the result folder, loads tokenizer,
 /// prompts and models (every error so far comes before any generation), runs the sweep and
-/// writes `config.toml`, `results.jsonl`, `summary.md`, `summary.csv` and `plots/*.svg`.
+/// writes `config.toml` (the config as run, overrides included), `results.jsonl`,
+/// `summary.md`, `summary.csv` and `plots/*.svg`.
 pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<RunOutcome> {
+    // The SPECDEC_* override layer on top of `[engine]`: what runs, and what config.toml says.
+    let config = &ExperimentConfig {
+        engine: config.engine.with_env_overrides()?,
+        ..config.clone()
+    };
     config.validate()?;
     config.check_paths()?;
     let out = opts
@@ -131,15 +146,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         ))
     })?;
     let summaries = summarize(&points, &records);
-    let checks = format!(
-        "{}{}\n{}\n{}{}{}",
-        tree_markdown(&summaries),
-        StrategyCheck::new(&points, &records).markdown(),
-        prefill_section(&points, &records),
-        store_section(&points, &records),
-        turns_section(&points, &records),
-        peak_rss_line()
-    );
+    let (checks, check_lines) = check_sections(&points, &records, &summaries);
     let title = format!("Experiment `{}`", config.name);
     write(
         &partial.join("summary.md"),
@@ -150,14 +157,54 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         &partial.join("by_prompt.md"),
         &prompt_markdown(&prompt_rows(&points, &records)),
     )?;
-    write_plots(&partial.join("plots"), &summaries)?;
+    let plots = write_plots(&partial.join("plots"), &summaries)?;
     let dir = dir.finish()?;
     Ok(RunOutcome {
+        answer: answer(&summaries, &check_lines, &dir, plots.len()),
         dir,
         table: markdown_table(&summaries),
         summaries,
         checks,
     })
+}
+
+/// The sections of summary.md after the table, those with nothing to say left out, and the
+/// one-line checks the terminal repeats.
+fn check_sections(
+    points: &[SweepPoint],
+    records: &[ResultRecord],
+    summaries: &[PointSummary],
+) -> (String, Vec<String>) {
+    let strategy = StrategyCheck::new(points, records);
+    let speculative =
+        Agreement::speculative_vs_autoregressive(points, records).verdict(SPECULATIVE_VERDICT);
+    let engine = Agreement::across_engine_options(points, records).verdict(ENGINE_VERDICT);
+    let rss = peak_rss_line();
+    let sections = [
+        tree_markdown(summaries),
+        strategy.markdown(),
+        engine_section(points, records),
+        prefill_section(points, records),
+        store_section(points, records),
+        turns_section(points, records),
+        speculative
+            .clone()
+            .map_or_else(String::new, |v| format!("{v}\n")),
+        rss.clone(),
+    ];
+    let markdown: Vec<String> = sections
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end().to_string() + "\n")
+        .collect();
+    let lines = [
+        speculative,
+        strategy.verdict(),
+        engine,
+        store_verdict(points, records),
+        Some(rss.trim_end().to_string()),
+    ];
+    (markdown.join("\n"), lines.into_iter().flatten().collect())
 }
 
 /// The dataset's prompts (first turns) encoded with the target's tokenizer (and chat
@@ -339,10 +386,15 @@ fn describe(
     }
     s + &format!(
         "* device: {:?}; prompts: {prompts} from `{}`; max_new_tokens: {}; seed: {}\n\
+         * engine options: `[engine]` of `config.toml` (SPECDEC_* overrides applied); swept: {}\n\
          * resolved config: `config.toml`; per-generation records: `results.jsonl`",
         device.location(),
         config.dataset.path.display(),
         config.max_new_tokens,
-        config.seed
+        config.seed,
+        match config.engine.swept() {
+            swept if swept.is_empty() => "none".to_string(),
+            swept => swept.join(", "),
+        }
     )
 }

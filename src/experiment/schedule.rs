@@ -16,10 +16,14 @@ pub struct Slot {
     pub prompt: usize,
 }
 
-/// True when `a` and `b` are compared with each other: same sampling and cache (the
-/// autoregressive point of that setting is the baseline of the speculative ones).
+/// True when `a` and `b` are compared with each other: same sampling, cache and engine
+/// options (the autoregressive point of that setting is the baseline of the speculative ones).
 fn same_pairing(a: &SweepPoint, b: &SweepPoint) -> bool {
-    a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.cache == b.cache
+    a.temperature == b.temperature
+        && a.top_k == b.top_k
+        && a.top_p == b.top_p
+        && a.cache == b.cache
+        && a.engine == b.engine
 }
 
 /// Groups of point indices that are compared with each other, in order of first appearance;
@@ -114,7 +118,7 @@ pub fn turn_ends(slots: &[Slot], points: &[SweepPoint], order: RunOrder) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experiment::{CacheChoice, GammaChoice};
+    use crate::experiment::config::{CacheChoice, GammaChoice};
 
     fn point(method: Method, gamma: Option<usize>, temperature: f64) -> SweepPoint {
         SweepPoint {
@@ -128,6 +132,8 @@ mod tests {
             prefix_cache: false,
             tree_width: 1,
             tree_budget: None,
+            engine: crate::engine::EngineOptions::default(),
+            engine_swept: Vec::new(),
         }
     }
 

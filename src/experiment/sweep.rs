@@ -1,8 +1,10 @@
 //! The sweep's points: the cartesian product of the `[sweep]` lists, autoregressive first.
 use serde::{Deserialize, Serialize};
 
+use super::config::engine::option_value;
 use super::config::{AdaptiveGamma, CacheChoice, ExperimentConfig, GammaChoice, Method};
 use crate::cache::RotatingStrategy;
+use crate::engine::EngineOptions;
 use crate::speculative::{GammaPolicy, SamplingParams};
 
 /// One combination of settings; every prompt is generated once per point.
@@ -32,6 +34,14 @@ pub struct SweepPoint {
     /// Whether prefills use a prefix store (`[prefix_cache] enabled`).
     #[serde(default)]
     pub prefix_cache: bool,
+    /// The engine options in effect for this point's generations (`[engine]`, with the
+    /// environment's overrides where the run applied them); a record's `engine` object.
+    #[serde(default)]
+    pub engine: EngineOptions,
+    /// The `[engine]` keys the sweep varies (named with their values in labels); a record's
+    /// `engine_swept`, left out when the sweep varies none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_swept: Vec<String>,
 }
 
 fn one() -> usize {
@@ -48,9 +58,8 @@ impl SweepPoint {
         }
     }
 
-    /// The sampling settings and cache as a short text: `T=0 staged`, `T=1 k=50 p=0.9 slack`,
-    /// `T=0 staged prefix-cache`.
-    pub fn setting_label(&self) -> String {
+    /// The sampling settings as a short text: `T=0`, `T=1 k=50 p=0.9`.
+    pub fn sampling_label(&self) -> String {
         let mut s = format!("T={}", self.temperature);
         if self.top_k > 0 {
             s += &format!(" k={}", self.top_k);
@@ -58,9 +67,30 @@ impl SweepPoint {
         if self.top_p < 1.0 {
             s += &format!(" p={}", self.top_p);
         }
-        s += &format!(" {}", self.cache);
+        s
+    }
+
+    /// The swept engine options with their values (`queued_verify=false gemv_max_warps=32`);
+    /// empty when the sweep varies none.
+    pub fn engine_label(&self) -> String {
+        let parts: Vec<String> = self
+            .engine_swept
+            .iter()
+            .filter_map(|key| Some(format!("{key}={}", option_value(&self.engine, key)?)))
+            .collect();
+        parts.join(" ")
+    }
+
+    /// The sampling settings, cache and swept engine options as a short text: `T=0 staged`,
+    /// `T=1 k=50 p=0.9 slack`, `T=0 staged prefix-cache`, `T=0 staged queued_verify=false`.
+    pub fn setting_label(&self) -> String {
+        let mut s = format!("{} {}", self.sampling_label(), self.cache);
         if self.prefix_cache {
             s += " prefix-cache";
+        }
+        let engine = self.engine_label();
+        if !engine.is_empty() {
+            s += &format!(" {engine}");
         }
         s
     }
@@ -97,7 +127,8 @@ impl SweepPoint {
         self.tree_width > 1
     }
 
-    /// True when `other` is the autoregressive baseline of this point: same sampling and cache.
+    /// True when this point is the autoregressive baseline of `other`: same sampling, cache,
+    /// prefix store and engine options.
     pub fn is_baseline_for(&self, other: &SweepPoint) -> bool {
         self.method == Method::Autoregressive
             && self.temperature == other.temperature
@@ -105,6 +136,7 @@ impl SweepPoint {
             && self.top_p == other.top_p
             && self.cache == other.cache
             && self.prefix_cache == other.prefix_cache
+            && self.engine == other.engine
     }
 
     /// The engine's γ policy (fixed 1 for autoregressive points, where it is unused).
@@ -122,9 +154,10 @@ impl SweepPoint {
 
     /// A seed for one generation, from the config seed, this point and the prompt id: the same
     /// config and seed give the same tokens, and adding sweep values does not change the
-    /// seeds of the other points. The cache strategy and the prefix store are left out:
-    /// points that differ only in them draw the same random numbers, so their outputs must be
-    /// identical (caches are exact) and their timings are a paired comparison.
+    /// seeds of the other points. The cache strategy, the prefix store and the engine options
+    /// are left out: points that differ only in them draw the same random numbers, so their
+    /// outputs must be identical (caches are exact; engine options change no token) and
+    /// their timings are a paired comparison.
     pub fn generation_seed(&self, seed: u64, prompt_id: &str) -> u64 {
         let mut key = format!(
             "{} {:?} {:?} {} {} {}",
@@ -179,12 +212,17 @@ pub fn sweep_points(config: &ExperimentConfig) -> Vec<SweepPoint> {
                         tree_width: 1,
                         tree_budget: None,
                         prefix_cache: false,
+                        engine: EngineOptions::default(),
+                        engine_swept: Vec::new(),
                     });
                 }
             }
         }
     }
-    // The prefix store, off and/or on, innermost: compared points run back to back.
+    // The prefix store, off and/or on, then the engine options innermost: compared points
+    // run back to back.
+    let engines = &config.engine.combinations();
+    let swept = &config.engine.swept();
     let settings: Vec<SweepPoint> = settings
         .into_iter()
         .flat_map(|s| {
@@ -196,6 +234,13 @@ pub fn sweep_points(config: &ExperimentConfig) -> Vec<SweepPoint> {
                     prefix_cache: on,
                     ..s.clone()
                 })
+        })
+        .flat_map(|s| {
+            engines.iter().map(move |&engine| SweepPoint {
+                engine,
+                engine_swept: swept.clone(),
+                ..s.clone()
+            })
         })
         .collect();
     let mut points = Vec::new();

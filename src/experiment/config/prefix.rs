@@ -1,7 +1,7 @@
 //! Config keys of conversations and the prefix store: `[dataset] turns` and `[prefix_cache]`.
 use serde::{Deserialize, Serialize};
 
-use super::config::List;
+use super::list::List;
 
 /// `[dataset] turns = "first" | "all"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

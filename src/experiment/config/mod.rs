@@ -1,15 +1,23 @@
 //! The experiment config: strict TOML (unknown keys are errors), a default for every key,
-//! and a scalar accepted wherever a list is. Validation lives in `validate.rs`, loading and
-//! `--set` overrides in `load_config.rs`.
+//! and a scalar accepted wherever a list is ([`List`]). The `[engine]` table lives in
+//! `engine.rs`, `[prefix_cache]` in `prefix.rs`, validation in `validate.rs`, loading and
+//! `--set` overrides in `load.rs`.
+pub mod engine;
+pub mod list;
+pub mod load;
+pub mod prefix;
+mod validate;
+
 use std::collections::BTreeMap;
 use std::fmt;
-use std::marker::PhantomData;
 use std::path::PathBuf;
 
-use serde::de::{self, IntoDeserializer, SeqAccess, Visitor};
+use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use super::config_prefix::{PrefixCacheConfig, TurnsChoice};
+pub use engine::EngineConfig;
+pub use list::List;
+pub use prefix::{PrefixCacheConfig, TurnsChoice};
 
 /// One experiment: models, drafters, prompts and the sweep whose cartesian product is run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +66,10 @@ pub struct ExperimentConfig {
     /// Reuse of shared prompt prefixes across generations.
     #[serde(default)]
     pub prefix_cache: PrefixCacheConfig,
+    /// Engine options (`[engine]`): every key of [`crate::engine::EngineOptions`], a value or
+    /// a list (swept); see [`EngineConfig`].
+    #[serde(default)]
+    pub engine: EngineConfig,
 }
 
 fn default_name() -> String {
@@ -90,8 +102,9 @@ pub enum DeviceChoice {
 #[serde(rename_all = "snake_case")]
 pub enum RunOrder {
     /// For each prompt, the autoregressive point and every speculative point that shares its
-    /// sampling and cache run back to back, their order rotating with the repeat and the
-    /// prompt: a paired comparison that slow drift of the machine's speed cannot bias.
+    /// sampling, cache and engine options run back to back, their order rotating with the
+    /// repeat and the prompt: a paired comparison that slow drift of the machine's speed
+    /// cannot bias.
     #[default]
     Interleaved,
     /// Every prompt of one point, then the next point (autoregressive points first), the
@@ -448,71 +461,5 @@ impl ExperimentConfig {
             }
             self.sweep.method = Some(List(methods));
         }
-    }
-}
-
-/// A list that may be written as a single value (`gamma = 4` means `gamma = [4]`).
-/// Serialised as a list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct List<T>(pub Vec<T>);
-
-impl<T> std::ops::Deref for List<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.0
-    }
-}
-
-impl<T: Serialize> Serialize for List<T> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ListVisitor(PhantomData))
-    }
-}
-
-struct ListVisitor<T>(PhantomData<T>);
-
-impl<T> ListVisitor<T> {
-    /// A scalar `v` as a one-element list.
-    fn one<'de, E, D>(v: D) -> Result<List<T>, E>
-    where
-        T: Deserialize<'de>,
-        D: de::Deserializer<'de, Error = E>,
-    {
-        T::deserialize(v).map(|t| List(vec![t]))
-    }
-}
-
-impl<'de, T: Deserialize<'de>> Visitor<'de> for ListVisitor<T> {
-    type Value = List<T>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a value or a list of values")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
-        let mut out = Vec::new();
-        while let Some(x) = seq.next_element()? {
-            out.push(x);
-        }
-        Ok(List(out))
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<List<T>, E> {
-        Self::one(v.into_deserializer())
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<List<T>, E> {
-        Self::one(v.into_deserializer())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<List<T>, E> {
-        Self::one(v.into_deserializer())
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<List<T>, E> {
-        Self::one(v.into_deserializer())
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<List<T>, E> {
-        Self::one(v.into_deserializer())
     }
 }

@@ -3,7 +3,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::config::ExperimentConfig;
+use super::ExperimentConfig;
 use crate::error::{Error, Result};
 
 impl ExperimentConfig {

@@ -2,9 +2,9 @@
 //! turn):
 //! the speedup with its interval, the decode-phase speedup, c and the cost model.
 use super::cost::{cost_model, Measured};
-use super::report::PointSummary;
-use super::runner::ResultRecord;
-use super::stats::{median, median_interval, paired_ratios};
+use super::point::PointSummary;
+use crate::experiment::runner::ResultRecord;
+use crate::experiment::stats::{median, median_interval, paired_ratios};
 use crate::stats::ratio;
 
 /// Fills `row`'s speedups (every point) and, for speculative points, `cost_ratio` and `cost`
@@ -60,7 +60,7 @@ pub(crate) fn against_baseline(
             Some((&r.generation, &other.generation))
         })
         .collect();
-    row.cost = cost_model(row, base, &pairs, measured);
+    row.cost = cost_model(row.time(), base.time(), &pairs, measured);
 }
 
 /// Ratios `metric(record of point) / metric(record of base)` paired by (repeat, prompt,

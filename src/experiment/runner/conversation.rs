@@ -4,11 +4,12 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::config::ExperimentConfig;
-use super::runner::{ResultRecord, Session};
-use super::sweep::SweepPoint;
+use super::record::ResultRecord;
+use super::session::Session;
 use crate::cache::{PrefixStore, RotatingStrategy};
 use crate::error::{Error, Result};
+use crate::experiment::config::ExperimentConfig;
+use crate::experiment::sweep::SweepPoint;
 use crate::speculative::{
     generate, CachedSequence, Drafter, Drafting, GenParams, GenerationRecord, LanguageModel,
     ResidualRule, TreeParams,

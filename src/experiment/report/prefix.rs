@@ -2,16 +2,20 @@
 //! reused with time to first token per point, the prefix store's effect (store on against
 //! the same point with it off: identical greedy outputs, time-to-first-token ratio), and
 //! acceptance per turn.
-use super::runner::ResultRecord;
-use super::stats::median;
-use super::sweep::SweepPoint;
+use crate::experiment::runner::ResultRecord;
+use crate::experiment::sweep::SweepPoint;
+use crate::stats::median;
 
 fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "–".into(), |s| format!("{:.2}", s * 1e3))
 }
 
-/// Prefill tokens and time to first token per point (Markdown).
+/// Prefill tokens and time to first token per point (Markdown); empty when no point uses
+/// the prefix store and no generation continues a conversation (nothing is reused then).
 pub fn prefill_section(points: &[SweepPoint], records: &[ResultRecord]) -> String {
+    if !points.iter().any(|p| p.prefix_cache) && records.iter().all(|r| r.turn < 2) {
+        return String::new();
+    }
     let mut out = String::from(
         "## Prefill and time to first token\n\n\
          Target prompt tokens run through the model (computed) or kept from the previous turn \
@@ -47,6 +51,23 @@ pub fn prefill_section(points: &[SweepPoint], records: &[ResultRecord]) -> Strin
 /// Store on against off, per pair of points that differ only in `prefix_cache` (Markdown;
 /// empty when no point uses the store).
 pub fn store_section(points: &[SweepPoint], records: &[ResultRecord]) -> String {
+    match store_comparison(points, records) {
+        Some((verdict, rows)) => format!(
+            "## Prefix store\n\n{verdict}\n\n\
+             | point (store off) | median TTFT ms, off | median TTFT ms, on | on / off |\n\
+             |---|---:|---:|---:|\n{rows}\n"
+        ),
+        None => String::new(),
+    }
+}
+
+/// The prefix store's greedy-output verdict as one line; `None` when no point uses it.
+pub fn store_verdict(points: &[SweepPoint], records: &[ResultRecord]) -> Option<String> {
+    store_comparison(points, records).map(|(verdict, _)| verdict)
+}
+
+/// (verdict, table rows) of the store on against off; `None` when no point uses the store.
+fn store_comparison(points: &[SweepPoint], records: &[ResultRecord]) -> Option<(String, String)> {
     let twin = |on: &SweepPoint| {
         points.iter().position(|p| {
             !p.prefix_cache
@@ -97,7 +118,7 @@ pub fn store_section(points: &[SweepPoint], records: &[ResultRecord]) -> String 
         );
     }
     if rows.is_empty() {
-        return String::new();
+        return None;
     }
     let verdict = if differ.is_empty() {
         format!(
@@ -112,11 +133,7 @@ pub fn store_section(points: &[SweepPoint], records: &[ResultRecord]) -> String 
             differ.join("; ")
         )
     };
-    format!(
-        "## Prefix store\n\n{verdict}\n\n\
-         | point (store off) | median TTFT ms, off | median TTFT ms, on | on / off |\n\
-         |---|---:|---:|---:|\n{rows}\n"
-    )
+    Some((verdict, rows))
 }
 
 /// Acceptance per turn of each speculative point (Markdown; empty for single-turn runs).

@@ -13,8 +13,7 @@
 //! it should be (a slower kernel for one row, or the machine's speed drifting between them).
 use serde::Serialize;
 
-use super::report::PointSummary;
-use super::stats::median;
+use crate::experiment::stats::median;
 use crate::speculative::GenerationRecord;
 use crate::stats::ratio;
 
@@ -78,13 +77,24 @@ fn pair_terms(spec: &GenerationRecord, base: &GenerationRecord) -> Option<[f64; 
     ])
 }
 
-/// The cost model of speculative `row` from its generations paired with the autoregressive
-/// ones of the same (repeat, prompt) (`pairs`: (speculative, autoregressive)) and the
-/// baseline's summary `base`, with `measured` deciding the flag; `None` without a pair whose
-/// terms can be measured.
+/// Where a point's wall seconds went, summed over its generations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeSplit {
+    /// Wall seconds.
+    pub wall_s: f64,
+    /// Prefill seconds.
+    pub prefill_s: f64,
+    /// Seconds outside prefill, drafting and verification.
+    pub other_s: f64,
+}
+
+/// The cost model of a speculative point from its generations paired with the autoregressive
+/// ones of the same (repeat, prompt) (`pairs`: (speculative, autoregressive)), its time
+/// `row` and the baseline's time `base`, with `measured` deciding the flag; `None` without a
+/// pair whose terms can be measured.
 pub fn cost_model(
-    row: &PointSummary,
-    base: &PointSummary,
+    row: TimeSplit,
+    base: TimeSplit,
     pairs: &[(&GenerationRecord, &GenerationRecord)],
     measured: Option<Measured>,
 ) -> Option<CostModel> {
@@ -170,31 +180,6 @@ fn cause(model: &CostModel, m: &Measured) -> String {
     }
 }
 
-/// The CSV columns from `repeats` to `flag` (see `report::csv`'s header).
-pub(crate) fn csv_columns(r: &PointSummary) -> String {
-    let num = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
-    let c = r.cost.as_ref();
-    let flag = c
-        .and_then(|c| c.flag.as_deref())
-        .map_or_else(String::new, |f| format!("\"{}\"", f.replace('"', "\"\"")));
-    format!(
-        ",{},{},{},{},{},{:.6},{:.6},{},{},{},{},{},{},{flag}",
-        r.repeats,
-        r.pairs,
-        num(r.speedup_interval.map(|i| i.0)),
-        num(r.speedup_interval.map(|i| i.1)),
-        num(r.decode_speedup),
-        r.prefill_s,
-        r.other_s,
-        num(c.map(|c| c.draft_per_step)),
-        num(c.map(|c| c.v)),
-        num(c.map(|c| c.overhead)),
-        num(c.map(|c| c.overhead_share)),
-        num(c.map(|c| c.predicted)),
-        num(c.map(|c| c.bound)),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,21 +251,6 @@ mod tests {
         );
     }
 
-    fn ar_point() -> crate::experiment::SweepPoint {
-        crate::experiment::SweepPoint {
-            method: crate::experiment::Method::Autoregressive,
-            drafter: None,
-            gamma: None,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            cache: crate::experiment::CacheChoice::Staged,
-            prefix_cache: false,
-            tree_width: 1,
-            tree_budget: None,
-        }
-    }
-
     #[test]
     fn a_verification_cheaper_than_a_decode_step_is_flagged() {
         let mut m = model(2.0, 3.0);
@@ -311,13 +281,12 @@ mod tests {
         let base = generation(31, 31, 0, [0.002, 0.0, 0.030, 0.0]);
         let spec = generation(31, 11, 10, [0.002, 0.008, 0.012, 0.001]);
         assert_eq!((base.new_tokens(), spec.new_tokens()), (31, 31));
-        let (ar_row, spec_row) = (ar_point(), ar_point());
-        let mut base_sum = PointSummary::empty(0, &ar_row);
-        let mut spec_sum = PointSummary::empty(1, &spec_row);
-        for (sum, g) in [(&mut base_sum, &base), (&mut spec_sum, &spec)] {
-            (sum.wall_s, sum.prefill_s, sum.other_s) = (g.wall_s, g.prefill_s, g.other_s());
-        }
-        let m = cost_model(&spec_sum, &base_sum, &[(&spec, &base)], None).unwrap();
+        let time = |g: &GenerationRecord| TimeSplit {
+            wall_s: g.wall_s,
+            prefill_s: g.prefill_s,
+            other_s: g.other_s(),
+        };
+        let m = cost_model(time(&spec), time(&base), &[(&spec, &base)], None).unwrap();
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(m.t_s, 1e-3) && close(m.draft_per_step, 0.8), "{m:?}");
         assert!(close(m.v, 1.2) && close(m.overhead, 0.1), "{m:?}");

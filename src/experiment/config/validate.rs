@@ -2,9 +2,7 @@
 //! paths it names, so configs for checkpoints that are not on this machine still validate.
 use std::path::Path;
 
-use super::config::{
-    DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method, SweepConfig,
-};
+use super::{DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method, SweepConfig};
 use crate::error::{Error, Result};
 
 impl ExperimentConfig {
@@ -30,6 +28,7 @@ impl ExperimentConfig {
         self.check_dataset(&mut problems);
         self.check_sweep(&mut problems);
         problems.extend(self.prefix_cache.problems());
+        problems.extend(self.engine.problems());
         if problems.is_empty() {
             Ok(())
         } else {
@@ -332,8 +331,8 @@ impl DrafterConfig {
     /// `(min_ngram, max_ngram)` with defaults filled in.
     pub fn ngram_sizes(&self) -> (usize, usize) {
         (
-            self.min_ngram.unwrap_or(super::config::DEFAULT_MIN_NGRAM),
-            self.max_ngram.unwrap_or(super::config::DEFAULT_MAX_NGRAM),
+            self.min_ngram.unwrap_or(super::DEFAULT_MIN_NGRAM),
+            self.max_ngram.unwrap_or(super::DEFAULT_MAX_NGRAM),
         )
     }
 }

@@ -1,9 +1,9 @@
 //! `by_prompt.md`: per speculative point and prompt, what one step costs against the
 //! autoregressive decode step of the same prompt, so a study over prompt length (context)
 //! shows how verification, drafting and time to first token grow with it.
-use super::runner::ResultRecord;
-use super::stats::median;
-use super::sweep::SweepPoint;
+use crate::experiment::runner::ResultRecord;
+use crate::experiment::stats::median;
+use crate::experiment::sweep::SweepPoint;
 
 /// Medians over repeats of one (speculative point, prompt) against its baseline.
 #[derive(Debug, Clone, PartialEq)]

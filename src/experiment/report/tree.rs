@@ -1,6 +1,6 @@
 //! The summary's comparison of draft trees with chains at equal γ.
-use super::report::PointSummary;
-use super::sweep::SweepPoint;
+use crate::experiment::summary::PointSummary;
+use crate::experiment::sweep::SweepPoint;
 
 /// The chain point a tree point is compared with: same drafter, γ, sampling and cache.
 fn chain_of<'a>(tree: &PointSummary, rows: &'a [PointSummary]) -> Option<&'a PointSummary> {
