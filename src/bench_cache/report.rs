@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use super::{BenchConfig, BenchRow, Pattern};
+use super::config::{BenchConfig, Pattern};
+use super::run::BenchRow;
 use crate::error::{Error, Result};
 use crate::experiment::{default_result_path, ResultDir};
 

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 
+use super::config::{BenchConfig, Pattern};
 use super::strategy::{Layout, RollbackStrategy, StepCost, StrategyCache, StrategySpec};
-use super::{BenchConfig, Pattern};
 use crate::cache::{
     CacheSnapshot, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
 };

@@ -1,7 +1,7 @@
 //! A pair of preallocated K/V buffers `[batch, kv_heads, capacity, head_dim]` written in place.
 use candle_core::Tensor;
 
-use super::CacheError;
+use super::error::CacheError;
 use crate::error::Result;
 
 /// K and V buffers of equal shape; the sequence axis is dim 2.

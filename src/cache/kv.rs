@@ -3,9 +3,12 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
+use super::attend::Attend;
 use super::buffer::{cat_seq, seq_len, KvBuf};
+use super::error::CacheError;
+use super::mask::Mask;
 use super::tree::path_moves;
-use super::{Attend, CacheError, Mask, TokenTree};
+use super::tree::TokenTree;
 use crate::error::Result;
 
 /// Default growth step of [`KvCache`] buffers, in tokens.

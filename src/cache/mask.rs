@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use super::TokenTree;
+use super::tree::TokenTree;
 use crate::error::Result;
 
 /// Where key `i` of an update sits.

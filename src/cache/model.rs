@@ -3,9 +3,13 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::{
-    Attend, CacheError, KvCache, KvSnapshot, RotatingKvCache, RotatingSnapshot, TokenTree,
-};
+use super::attend::Attend;
+use super::error::CacheError;
+use super::kv::KvCache;
+use super::kv::KvSnapshot;
+use super::rotating::RotatingKvCache;
+use super::rotating::RotatingSnapshot;
+use super::tree::TokenTree;
 use crate::error::Result;
 
 mod tree_commit;

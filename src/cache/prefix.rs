@@ -15,7 +15,10 @@
 //! Memory: entries are evicted least-recently-used, leaves first (an inner entry is needed by
 //! every entry below it), to keep [`CacheSnapshot::bytes`] summed over entries within the
 //! budget.
-use super::{merge, split, CacheSnapshot, ModelCache};
+use super::model::merge;
+use super::model::split;
+use super::model::CacheSnapshot;
+use super::model::ModelCache;
 use crate::error::Result;
 
 /// One stored span.

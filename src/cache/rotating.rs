@@ -3,9 +3,13 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
+use super::attend::Attend;
 use super::buffer::{cat_seq, seq_len, KvBuf};
+use super::error::CacheError;
 use super::kv::check_tree_append;
-use super::{Attend, CacheError, KeyOrder, Mask, TokenTree};
+use super::mask::KeyOrder;
+use super::mask::Mask;
+use super::tree::TokenTree;
 use crate::error::Result;
 
 mod tree_commit;

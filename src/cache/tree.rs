@@ -6,7 +6,7 @@
 //! `base + depth` where roots have depth 0. A chain is the tree whose node `i` has parent
 //! `i - 1`. Nodes are in topological order (`parent < index`), so a block can be appended
 //! in order, one frontier at a time.
-use super::CacheError;
+use super::error::CacheError;
 use crate::error::Result;
 
 /// The shape of a speculative block: the parent of every node, in topological order.

@@ -6,13 +6,13 @@ use rand::rngs::StdRng;
 
 use super::drafter::Drafter;
 use super::metrics::GenerationRecord;
+use super::model::LanguageModel;
 use super::params::GenParams;
 use super::prefill::CachedSequence;
 use super::sampling::{sample, SamplingParams};
 use super::step::{speculative_step, Output, Step, StepRule};
 use super::tree::TreeParams;
 use super::verify::{Lossless, Verifier};
-use super::LanguageModel;
 use crate::error::{Error, Result};
 use crate::nn::StepIds;
 

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
+use super::model::LanguageModel;
 use super::prefill::CachedSequence;
 use super::sampling::{argmax, sample, SamplingParams};
 use super::tree::{DraftTree, TreeShape};
-use super::LanguageModel;
 use crate::cache::{PrefixStore, RotatingStrategy, Speculation};
 use crate::error::Result;
 use crate::nn::{DeviceTokens, StepIds};

@@ -16,10 +16,10 @@ use rand::Rng;
 
 use super::decode::{generate, Drafting};
 use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter, FixedDraft, VerifyBlock};
+use super::model::LanguageModel;
 use super::params::{GammaPolicy, GenParams};
 use super::prefill::CachedSequence;
 use super::sampling::SamplingParams;
-use super::LanguageModel;
 use crate::cache::{ModelCache, RotatingStrategy, Speculation};
 use crate::error::{Error, Result};
 use crate::nn::{DeviceTokens, StepIds};

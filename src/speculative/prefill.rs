@@ -2,7 +2,7 @@
 //! previous generation (a conversation's earlier turns) and, optionally, a [`PrefixStore`].
 use candle_core::Tensor;
 
-use super::LanguageModel;
+use super::model::LanguageModel;
 use crate::cache::{ModelCache, PrefixStore};
 use crate::error::{Error, Result};
 
@@ -248,7 +248,7 @@ mod tests {
     use super::{CachedSequence, PREFILL_CHUNK};
     use crate::cache::{ModelCache, RotatingStrategy};
     use crate::error::Result;
-    use crate::speculative::LanguageModel;
+    use crate::speculative::model::LanguageModel;
 
     /// Records the tokens of every forward; its logits are the last token's id.
     struct Tape(RefCell<Vec<Vec<u32>>>);

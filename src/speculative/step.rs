@@ -13,11 +13,11 @@ use rand::rngs::StdRng;
 
 use super::drafter::{DraftBlock, DraftRequest, Drafter, VerifyBlock};
 use super::metrics::{GenerationRecord, StopReason};
+use super::model::LanguageModel;
 use super::params::GenParams;
 use super::prefill::CachedSequence;
 use super::tree::{verify_tree, DraftTree, TreeParams, TreeShape};
 use super::verify::{greedy_verdict, Verifier};
-use super::LanguageModel;
 use crate::cache::Speculation;
 use crate::error::{Error, Result};
 use crate::nn::{DeviceTokens, QueueMark, StepIds};

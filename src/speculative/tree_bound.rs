@@ -13,7 +13,7 @@
 //! and however the budget is spent.
 use candle_core::DType;
 
-use super::LanguageModel;
+use super::model::LanguageModel;
 use crate::cache::RotatingStrategy;
 use crate::error::{Error, Result};
 

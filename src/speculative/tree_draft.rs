@@ -4,9 +4,9 @@ use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
 use super::drafter::{confidence, Draft, DraftBlock, ModelDrafter};
+use super::model::LanguageModel;
 use super::sampling::{sample, SamplingParams};
 use super::tree::{DraftTree, TreeShape};
-use super::LanguageModel;
 use crate::cache::Speculation;
 use crate::error::Result;
 

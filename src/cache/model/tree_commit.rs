@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::{LayerCache, Speculation};
-use crate::cache::{CacheError, TokenTree};
+use crate::cache::error::CacheError;
+use crate::cache::tree::TokenTree;
 use crate::error::Result;
 
 impl LayerCache {

@@ -7,7 +7,7 @@ use candle_core::Tensor;
 use super::{RotatingKvCache, RotatingStrategy};
 use crate::cache::kv::tree_positions;
 use crate::cache::tree::path_moves;
-use crate::cache::TokenTree;
+use crate::cache::tree::TokenTree;
 use crate::error::Result;
 
 impl RotatingKvCache {
