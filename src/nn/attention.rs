@@ -186,7 +186,10 @@ impl Attention {
     /// into the cache buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room
     /// and does the cache's bookkeeping). `reach`: the most keys any step replaying this one
     /// leaves in the cache (`cuda::split_reach`). `prefetch`: the gate/up weight of the MLP
-    /// after this attention, whose first rows RoPE's kernel prefetches into the L2.
+    /// after this attention, whose first rows RoPE's kernel prefetches into the L2 (the
+    /// engine option `l2_prefetch_mb`). With the engine option `fused_rope` the split
+    /// attention kernel rotates q and stores the step's K/V itself; off, RoPE's own kernel
+    /// does it first.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,

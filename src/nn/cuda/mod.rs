@@ -24,8 +24,8 @@ pub use attention::{
     fused_rope, split_attention_applies, split_reach, AttnRope, RopeStore, SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, argmax_into, argmax_on_device, fold_applies, folds, gemv_applies,
-    silu_gate_applies, AddRmsNorm, Fold, FoldedGemv, Gemv, SiluMul,
+    add_rmsnorm_applies, argmax_on_device, fold_applies, folds, gemv_applies, silu_gate_applies,
+    AddRmsNorm, Fold, FoldedGemv, Gemv, SiluMul,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
