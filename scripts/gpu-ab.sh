@@ -5,14 +5,19 @@
 # beside the other's, A, B, A, B.
 #
 # On the GPU machine, after scripts/build-cuda.sh here for each build, the second build's
-# archive in .cuda/dist/ and the first's copied to .cuda/dist-base/ (carry both):
-#   LD_LIBRARY_PATH=/usr/local/cuda/lib64 scripts/gpu-ab.sh OUT_DIR [PAIRS]
+# archive in .cuda/dist/ (or NEW_DIST) and the first's copied to .cuda/dist-base/ (carry both):
+#   LD_LIBRARY_PATH=/usr/local/cuda/lib64 [NEW_DIST=DIR] scripts/gpu-ab.sh OUT_DIR [PAIRS]
 # Writes OUT_DIR/{gpu_decode,oracle}-{base,new}-N.* and OUT_DIR/ab.md (a summary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu-ab.sh OUT_DIR [PAIRS]}
 pairs=${2:-2}
 mkdir -p "$out"
+# NEW_DIST: a folder holding the second build's archive instead of .cuda/dist (a slim one of
+# exp and gpu_decode travels beside the first build's where both would not fit).
+if [ -n "${NEW_DIST:-}" ]; then
+  mkdir -p .cuda/dist && cp "$NEW_DIST/specdec-cuda.tar.xz" .cuda/dist/
+fi
 scripts/gpu-unpack.sh
 rm -rf .cuda/base-run && mkdir -p .cuda/base-run
 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
