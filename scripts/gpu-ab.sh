@@ -69,10 +69,9 @@ per = {"base": [], "new": []}
 for n in range(1, pairs + 1):
     for b in ("base", "new"):
         d = json.load(open(f"{out}/gpu_decode-{b}-{n}.json"))
-        models = d if isinstance(d, list) else [d]
-        ms = next(c["decode_ms"] for c in models[0]["contexts"] if c["context"] == 128)
+        ms = next(c["decode_ms"] for c in d["models"][0]["contexts"] if c["context"] == 128)
         rows = json.load(open(f"{out}/oracle-{b}-{n}/llama8b-bf16.json"))["rows"]
-        oracle = next(r for m, r in rows.items() if m.startswith("oracle"))
+        oracle = next(r for m, r in rows.items() if "oracle" in m)
         ar = rows["specdec_ar"]
         per[b].append((ms, oracle["speedup"]))
         print(f"| {b} | {n} | {ms:.3f} | {oracle['median']:.1f} | {ar['median']:.1f} | {oracle['speedup']:.3f} |")
