@@ -48,7 +48,10 @@ fn no_two_modules_import_each_other() {
     let pairs = String::from_utf8_lossy(&out.stdout);
     let count = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "import circles ({count}):\n{pairs}");
-    assert!(pairs.trim().is_empty() && count.contains("0 pair(s)"), "{count}\n{pairs}");
+    assert!(
+        pairs.trim().is_empty() && count.contains("0 pair(s)"),
+        "{count}\n{pairs}"
+    );
 }
 
 #[test]

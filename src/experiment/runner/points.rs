@@ -34,27 +34,21 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
         };
         let strategy = rotating_strategy(CacheChoice::Staged, 1);
         let mut rng = StdRng::seed_from_u64(0);
-        let mut seq = CachedSequence::new(self.target.new_cache(strategy)?);
-        generate(
-            self.target.as_ref(),
-            &mut seq,
-            &prompt.tokens,
-            &params,
-            Drafting::None,
-            &mut rng,
-        )?;
-        for source in self.drafters.values() {
-            if let DraftSource::Model { model, .. } = source {
-                let mut seq = CachedSequence::new(model.new_cache(strategy)?);
-                generate(
-                    model.as_ref(),
-                    &mut seq,
-                    &prompt.tokens,
-                    &params,
-                    Drafting::None,
-                    &mut rng,
-                )?;
-            }
+        let drafts = self.drafters.values().filter_map(|source| match source {
+            DraftSource::Model { model, .. } => Some(model),
+            _ => None,
+        });
+        for model in std::iter::once(&self.target).chain(drafts) {
+            let mut seq = CachedSequence::new(model.new_cache(strategy)?);
+            let plain = Drafting::None;
+            generate(
+                model.as_ref(),
+                &mut seq,
+                &prompt.tokens,
+                &params,
+                plain,
+                &mut rng,
+            )?;
         }
         Ok(())
     }

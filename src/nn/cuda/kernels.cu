@@ -1,7 +1,7 @@
 // specdec's own CUDA kernels, compiled by build.rs (a fat binary: SASS and PTX) when the
 // `cuda` feature is on and launched through candle's custom-op interface (src/nn/cuda/).
 // Every kernel has a device-generic fallback made of candle ops; these exist where a
-// measurement showed candle's op sequence costing us (see the README's GPU section).
+// measurement showed candle's op sequence costing us (docs/gpu.md; the history in docs/kernel-notes.md).
 //
 // Layout conventions (batch 1):
 //   q:      [heads, t, d] with element (h, i, e) at q[h * q_head_stride + i * q_row_stride + e]
