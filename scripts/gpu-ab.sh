@@ -32,14 +32,7 @@ import bench_gpu as b
 for name in ("target-8b", "draft-1b"):
     b.make_random_llama(torch, os.path.join(sys.argv[1], name), b.SHAPES[name])
 PY
-bw=$(python3 -c '
-import time, torch
-a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-ts = []
-for _ in range(10):
-    torch.cuda.synchronize(); t = time.perf_counter(); b = a.clone(); torch.cuda.synchronize()
-    ts.append(time.perf_counter() - t); del b
-print(2 * a.numel() * 4 / sorted(ts[1:])[4])')
+bw=$(python3 scripts/copy_bandwidth.py)
 echo "copy bandwidth (torch clone of 1 GiB): $bw bytes/s" | tee -a "$out/builds.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$out/builds.txt"
 decode() {  # decode <base|new> <n>

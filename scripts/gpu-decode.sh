@@ -25,14 +25,7 @@ print(f"random checkpoints ready in {time.perf_counter() - t0:.0f} s", flush=Tru
 PY
 target=$models/target-8b draft=$models/draft-1b
 # The copy bandwidth of torch's clone (cudaMemcpy-class kernels), as the bound's reference.
-bw=$(python3 -c '
-import time, torch
-a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-ts = []
-for _ in range(10):
-    torch.cuda.synchronize(); t = time.perf_counter(); b = a.clone(); torch.cuda.synchronize()
-    ts.append(time.perf_counter() - t); del b
-print(2 * a.numel() * 4 / sorted(ts[1:])[4])')
+bw=$(python3 scripts/copy_bandwidth.py)
 echo "== device-to-device copy (torch clone of 1 GiB): $bw bytes/s"
 echo "== gpu_decode (bf16)"
 SPECDEC_BENCH_BANDWIDTH=$bw SPECDEC_BENCH_MODEL=$target,$draft SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_CONTEXTS=$contexts \

@@ -2,6 +2,7 @@
 //! model, then the `exp` binary on the shipped models (when present) and on bad input.
 mod common;
 
+use common::exp::{exp, exp_default};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -263,19 +264,6 @@ fn cache_strategies_give_identical_sampled_outputs() {
 
 // ---- the `exp` binary ----
 
-fn exp(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_exp"))
-        .args(args)
-        .arg("--no-progress")
-        .output()
-        .expect("exp runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn help_explains_every_option() {
     let out = Command::new(env!("CARGO_BIN_EXE_exp"))
@@ -384,16 +372,7 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
         "sweep.temperature=[0.0, 1.0]",
         "sweep.cache=[\"staged\", \"slack\"]",
     ];
-    let mut args = vec![
-        "run",
-        "configs/default.toml",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let (ok, stdout, stderr) = exp(&args);
+    let (ok, stdout, stderr) = exp_default(&out, &sets);
     assert!(ok, "exp failed: {stderr}");
     // The terminal leads with the fastest points; the full table is in summary.md.
     assert!(
@@ -474,16 +453,7 @@ fn engine_options_are_swept_recorded_and_change_no_token() {
         "engine.queued_verify=[true, false]",
         "engine.gemv_max_warps=[16, 32]",
     ];
-    let mut args = vec![
-        "run",
-        "configs/default.toml",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let (ok, stdout, stderr) = exp(&args);
+    let (ok, stdout, stderr) = exp_default(&out, &sets);
     assert!(ok, "exp failed: {stderr}");
     // config.toml holds the table as run; its points are the run's.
     let written = std::fs::read_to_string(out.join("config.toml")).unwrap();

@@ -1,28 +1,17 @@
 //! Measurement: the run order (`order`, `repeats`) as recorded in results.jsonl, paired
 //! speedups and their intervals, the cost model's flags, and refusing runs past a model's
 //! context.
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
+use common::exp::{exp, exp_default};
 use specdec::experiment::{
     markdown_table, pairing_groups, summarize, sweep_points, CacheChoice, ExperimentConfig,
     GammaChoice, Method, ResultRecord, SweepPoint,
 };
 use specdec::speculative::GenerationRecord;
-
-fn exp(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_exp"))
-        .args(args)
-        .arg("--no-progress")
-        .output()
-        .expect("exp runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// Runs the shipped pair on a tiny sweep and returns its records in file order.
 fn run_small(dir: &Path, order: &str) -> (ExperimentConfig, Vec<ResultRecord>) {
@@ -38,16 +27,7 @@ fn run_small(dir: &Path, order: &str) -> (ExperimentConfig, Vec<ResultRecord>) {
         "sweep.temperature=[0.0, 1.0]",
         "sweep.cache=\"staged\"",
     ];
-    let mut args = vec![
-        "run",
-        "configs/default.toml",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let (ok, _, stderr) = exp(&args);
+    let (ok, _, stderr) = exp_default(&out, &sets);
     assert!(ok, "exp failed: {stderr}");
     let config = ExperimentConfig::load(&out.join("config.toml"), &[]).unwrap();
     let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();

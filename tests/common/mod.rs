@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod decode;
 pub mod device;
 pub mod distribution;
+pub mod exp;
 pub mod host;
 pub mod probe;
 pub mod ring_model;
