@@ -7,6 +7,7 @@ pub mod cache;
 pub mod engine;
 pub mod error;
 pub mod experiment;
+pub mod gguf;
 pub mod models;
 pub mod nn;
 
