@@ -8,6 +8,7 @@
 //! * [`decode`] — the decode-path equivalence tests' caches and token streams.
 //! * [`toy`] — a tiny one-layer attention language model over the real cache layer.
 //! * [`probe`] — K/V that encode token and position, for the cache property tests.
+//! * [`real`] — the real GGUF checkpoints in `models/real/`, skipped with a notice when absent.
 //! * [`ring_model`] — an independent model of a rotating cache's ring.
 //! * [`distribution`] — the distribution-test harness (exact distributions, chi-square).
 #![allow(dead_code)]
@@ -19,6 +20,7 @@ pub mod distribution;
 pub mod exp;
 pub mod host;
 pub mod probe;
+pub mod real;
 pub mod ring_model;
 pub mod run;
 pub mod toy;
