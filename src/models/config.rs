@@ -50,6 +50,15 @@ impl HfConfig {
         }
     }
 
+    /// A config made from `obj` (a file's equivalent JSON object), errors naming `path`.
+    pub fn from_object(path: &Path, obj: Map<String, Value>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            context: String::new(),
+            obj,
+        }
+    }
+
     /// The file this config came from.
     pub fn path(&self) -> &Path {
         &self.path

@@ -6,6 +6,7 @@
 mod base;
 mod config;
 mod gemma3;
+mod gguf;
 mod llama;
 mod mistral;
 mod qwen2;
@@ -17,9 +18,11 @@ use std::str::FromStr;
 use candle_core::{DType, Device, Tensor};
 
 pub use config::HfConfig;
+pub use gguf::GGUF_ARCHITECTURES;
 
 use crate::cache::{ModelCache, RotatingStrategy};
 use crate::error::{Error, Result};
+use crate::gguf::{GgufFile, GgufTensors};
 use crate::nn::{Decoder, DecoderSpec, DeviceTokens, LayerKind, StepIds, Weights};
 
 /// `model_type` values [`Model::load`] accepts.
@@ -115,32 +118,33 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads the checkpoint in `dir`. Errors name the file and the key or tensor at fault.
-    /// On the CPU this pins candle's thread count (see [`crate::nn::pin_cpu_thread_count`]).
-    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Model> {
-        if !dir.is_dir() {
-            let e = std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found");
-            return Err(Error::io(dir, e));
-        }
+    /// Loads the checkpoint at `path`: a Hugging Face directory or a GGUF file (dequantized
+    /// into the compute dtype). Errors name the file and the key or tensor at fault. On the
+    /// CPU this pins candle's thread count (see [`crate::nn::pin_cpu_thread_count`]).
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model> {
         if opts.device.is_cpu() {
             crate::nn::pin_cpu_thread_count();
         }
-        let cfg = HfConfig::read(&dir.join("config.json"))?;
-        let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
-        let weights = Weights::open(dir, &opts.device, DType::F32)?;
-        if arch == "gemma3" {
-            spec.prefix = multimodal_prefix(dir, &weights)?;
-        }
-        let stored = weights.stored_dtype(&format!("{}embed_tokens.weight", spec.prefix));
-        let dtype = resolve_dtype(opts, stored, &text_cfg)?;
-        let weights = weights.with_dtype(dtype);
+        let (arch, spec, weights, eos_token_ids) = if crate::gguf::is_gguf(path) {
+            gguf_parts(path, opts)?
+        } else if path.is_dir() {
+            directory_parts(path, opts)?
+        } else {
+            let what = if path.exists() {
+                "neither a model directory nor a GGUF file"
+            } else {
+                "model directory or GGUF file not found"
+            };
+            let e = std::io::Error::new(std::io::ErrorKind::NotFound, what);
+            return Err(Error::io(path, e));
+        };
         let decoder = Decoder::load(&spec, &weights)?;
         let info = ModelInfo {
             arch,
             vocab_size: spec.vocab_size,
             num_layers: spec.layers.len(),
             hidden_size: spec.hidden_size,
-            eos_token_ids: eos_token_ids(dir, &cfg, &text_cfg)?,
+            eos_token_ids,
             sliding_window: spec
                 .layers
                 .iter()
@@ -150,7 +154,7 @@ impl Model {
                 })
                 .max(),
             layer_kinds: spec.layers.clone(),
-            dtype,
+            dtype: weights.dtype(),
             param_count: decoder.param_count(),
         };
         Ok(Model {
@@ -219,6 +223,51 @@ impl crate::speculative::LanguageModel for Model {
     fn eos_token_ids(&self) -> &[u32] {
         &self.info.eos_token_ids
     }
+}
+
+/// What a checkpoint directory loads into: architecture, spec, weights, end-of-sequence ids.
+fn directory_parts(
+    dir: &Path,
+    opts: &LoadOptions,
+) -> Result<(String, DecoderSpec, Weights, Vec<u32>)> {
+    let cfg = HfConfig::read(&dir.join("config.json"))?;
+    let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
+    let weights = Weights::open(dir, &opts.device, DType::F32)?;
+    if arch == "gemma3" {
+        spec.prefix = multimodal_prefix(dir, &weights)?;
+    }
+    let stored = weights.stored_dtype(&format!("{}embed_tokens.weight", spec.prefix));
+    let dtype = resolve_dtype(opts, stored, &text_cfg)?;
+    let eos = eos_token_ids(dir, &cfg, &text_cfg)?;
+    Ok((arch, spec, weights.with_dtype(dtype), eos))
+}
+
+/// What a GGUF file loads into. Its norms already hold Gemma's `+ 1`; q and k rows of a
+/// `llama`-architecture file are put back in transformers' order (see [`GgufTensors`]). The
+/// end-of-sequence ids are the metadata's EOS and end-of-turn tokens.
+fn gguf_parts(path: &Path, opts: &LoadOptions) -> Result<(String, DecoderSpec, Weights, Vec<u32>)> {
+    let file = GgufFile::open(path)?;
+    let cfg = gguf::hf_config(&file)?;
+    let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
+    spec.norm_plus_one = false;
+    let unpermute = (file.str("general.architecture")? == Some("llama"))
+        .then_some((spec.heads.num_heads, spec.heads.num_kv_heads));
+    let mut eos = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = file.u64(key)? {
+            let id = u32::try_from(id).map_err(|_| file.key_error(key, "too large"))?;
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    let dtype = resolve_dtype(opts, None, &text_cfg)?;
+    let tensors = GgufTensors::new(file, unpermute, &spec.prefix);
+    Ok((arch, spec, Weights::from_gguf(tensors, &opts.device, dtype), eos))
 }
 
 /// The decoder a config describes, for inspection or for building a variant by hand (the
@@ -335,9 +384,13 @@ fn eos_token_ids(dir: &Path, cfg: &HfConfig, text_cfg: &HfConfig) -> Result<Vec<
     Ok(ids)
 }
 
-/// Loads `dir/tokenizer.json`; errors name the file.
-pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
-    let path = dir.join("tokenizer.json");
+/// The tokenizer of the checkpoint at `path`: a GGUF file's own (from its metadata), else
+/// `path/tokenizer.json`; errors name the file.
+pub fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
+    if crate::gguf::is_gguf(path) {
+        return crate::gguf::tokenizer::from_gguf(&GgufFile::open(path)?);
+    }
+    let path = path.join("tokenizer.json");
     if !path.is_file() {
         let e = std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer.json not found");
         return Err(Error::io(path, e));

@@ -1,4 +1,5 @@
-//! Memory-mapped safetensors checkpoints: one file or shards listed in an index.
+//! Checkpoint tensors: memory-mapped safetensors (one file or shards listed in an index), or
+//! a GGUF file's tensors dequantized on load.
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -6,19 +7,22 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufTensors;
 
 /// The single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";
 /// The index of a sharded checkpoint (`{"weight_map": {tensor: shard file}}`).
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// The tensors of a checkpoint, memory-mapped, looked up by name across shards and converted
+/// The tensors of a checkpoint, looked up by Hugging Face name (across shards) and converted
 /// on load to one compute `dtype` on one `device`.
 pub struct Weights {
-    /// Each shard's path and mapping.
+    /// Each shard's path and mapping (empty for a GGUF file).
     files: Vec<(PathBuf, MmapedSafetensors)>,
     /// Tensor name -> index into `files`.
     index: HashMap<String, usize>,
+    /// The GGUF file the tensors come from instead of `files`.
+    gguf: Option<GgufTensors>,
     device: Device,
     dtype: DType,
 }
@@ -72,9 +76,26 @@ impl Weights {
         Ok(Self {
             files,
             index,
+            gguf: None,
             device: device.clone(),
             dtype,
         })
+    }
+
+    /// The tensors of a GGUF file, dequantized to f32 on load and then converted to `dtype`.
+    pub fn from_gguf(tensors: GgufTensors, device: &Device, dtype: DType) -> Self {
+        Self {
+            files: Vec::new(),
+            index: HashMap::new(),
+            gguf: Some(tensors),
+            device: device.clone(),
+            dtype,
+        }
+    }
+
+    /// The GGUF file the tensors come from, if they do.
+    pub fn gguf(&self) -> Option<&GgufTensors> {
+        self.gguf.as_ref()
     }
 
     /// The same checkpoint with tensors converted to `dtype`.
@@ -94,7 +115,10 @@ impl Weights {
 
     /// True when the checkpoint holds tensor `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        match &self.gguf {
+            Some(g) => g.contains(name),
+            None => self.index.contains_key(name),
+        }
     }
 
     /// The stored dtype of tensor `name`, when present and of a type candle knows.
@@ -161,7 +185,7 @@ impl Weights {
         let Some(&(_, first, _)) = parts.first() else {
             return Err(Error::invalid("no tensors to stack"));
         };
-        if !(self.device.is_cpu() && self.dtype == DType::F32) {
+        if !(self.device.is_cpu() && self.dtype == DType::F32 && self.gguf.is_none()) {
             let loaded = parts
                 .iter()
                 .map(|&(name, shape, scale)| self.get_scaled(name, shape, scale))
@@ -219,6 +243,9 @@ impl Weights {
     /// Tensor `name` on the device: widened straight to f32 on the CPU when `want` is f32,
     /// else in its stored dtype.
     fn load(&self, name: &str, shape: &[usize], want: DType) -> Result<Tensor> {
+        if let Some(gguf) = &self.gguf {
+            return Ok(gguf.dequantize(name, shape)?.to_device(&self.device)?);
+        }
         self.with_bytes(name, shape, |path, data, stored| {
             let bad = |e: candle_core::Error| {
                 Error::invalid(format!("{}: tensor `{name}`: {e}", path.display()))
