@@ -10,6 +10,11 @@
 //!    decode step of the same round (a paired ratio, so drift of the machine's speed cancels).
 //!    Decode steps advance a copy of the prefilled cache, as autoregressive decoding does;
 //!    verifications run inside a speculation that rolls back.
+//!    Beside the decode step: the bytes a decode step must read (weights in the compute dtype,
+//!    the embedding table only where it is also the LM head, and the K/V held after the
+//!    prompt), the read bandwidth measured in the same run (both cores summing a 2 GiB
+//!    buffer, far past the last-level cache; median of 5, taken between rows), and the
+//!    decode step's share of that memory bound.
 //! 2. **criterion** (target only): prefill of 128 tokens, decode and verify 2 / 5 / 9 after 128.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -55,7 +60,7 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn load(dir: &Path) -> Option<Model> {
-    if !dir.join("config.json").is_file() {
+    if !dir.join("config.json").is_file() && !specdec::gguf::is_gguf(dir) {
         println!("model_decode: no model at {}, skipping", dir.display());
         return None;
     }
@@ -88,6 +93,41 @@ fn time_kind(model: &Model, seeded: &ModelCache, len: usize, vocab: usize) -> f6
     spent.as_secs_f64() / PER_ROUND as f64
 }
 
+/// DRAM read bandwidth in bytes per second: the median of 5 passes of rayon's pool summing a
+/// 2 GiB buffer of u64 (vectorised integer adds: the loads, not the adds, bound it).
+fn read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let words = vec![1u64; (2usize << 30) / 8];
+    let mut rates: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let sum: u64 = words
+                .par_chunks(1 << 20)
+                .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                .sum();
+            std::hint::black_box(sum);
+            (words.len() * 8) as f64 / start.elapsed().as_secs_f64()
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[2]
+}
+
+/// Bytes one decode step reads after `cache`'s prompt: every weight once in the compute
+/// dtype (the embedding table only when it is the tied LM head; a lookup reads one row) and
+/// the K/V the cache holds.
+fn step_bytes(model: &Model, cache: &ModelCache) -> f64 {
+    let info = model.info();
+    let untied_embedding = if model.lm_head_is_embedding() {
+        0
+    } else {
+        info.vocab_size * info.hidden_size
+    };
+    let weights = (info.param_count - untied_embedding) * info.dtype.size_in_bytes();
+    let kv = cache.snapshot(0).map_or(0, |s| s.bytes());
+    (weights + kv) as f64
+}
+
 /// One row of the paired table: `context`, then per kind (median ms, median ratio to decode).
 fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
     let vocab = model.info().vocab_size;
@@ -95,6 +135,7 @@ fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
     model
         .forward_last(&tokens(context, vocab), &mut seeded)
         .expect("prefill");
+    let bytes = step_bytes(model, &seeded);
     let mut times = vec![Vec::new(); KINDS.len()];
     for round in 0..ROUNDS {
         for i in 0..KINDS.len() {
@@ -102,7 +143,8 @@ fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
             times[k].push(time_kind(model, &seeded, KINDS[k], vocab));
         }
     }
-    (0..KINDS.len())
+    let bandwidth = read_bandwidth();
+    let mut row: Vec<(f64, f64)> = (0..KINDS.len())
         .map(|k| {
             let ratios = times[k].iter().zip(&times[0]).map(|(t, d)| t / d);
             (
@@ -110,7 +152,9 @@ fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
                 median(&ratios.collect::<Vec<_>>()).expect("ROUNDS > 0"),
             )
         })
-        .collect()
+        .collect();
+    row.push((bytes, bandwidth));
+    row
 }
 
 fn paired_table(dir: &Path, model: &Model) {
@@ -123,18 +167,27 @@ fn paired_table(dir: &Path, model: &Model) {
         info.param_count as f64 / 1e6,
         info.sliding_window
     );
-    println!("| context | decode ms | verify 2 ms (×decode) | verify 5 ms (×decode) | verify 9 ms (×decode) |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!("| context | decode ms | verify 2 ms (×decode) | verify 5 ms (×decode) | verify 9 ms (×decode) | MB read per step | read GB/s | bound ms | decode % of bound |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for context in contexts()
         .into_iter()
         .filter(|c| c + 9 + PER_ROUND <= limit)
     {
         let row = paired_row(model, context);
-        let cells: Vec<String> = row[1..]
+        let (bytes, bandwidth) = row[KINDS.len()];
+        let cells: Vec<String> = row[1..KINDS.len()]
             .iter()
             .map(|(ms, x)| format!("{ms:.3} ({x:.2}×)"))
             .collect();
-        println!("| {context} | {:.3} | {} |", row[0].0, cells.join(" | "));
+        let bound_ms = 1e3 * bytes / bandwidth;
+        println!(
+            "| {context} | {:.3} | {} | {:.1} | {:.1} | {bound_ms:.3} | {:.0}% |",
+            row[0].0,
+            cells.join(" | "),
+            bytes / 1e6,
+            bandwidth / 1e9,
+            100.0 * bound_ms / row[0].0
+        );
     }
 }
 

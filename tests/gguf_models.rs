@@ -15,9 +15,20 @@ fn smollm2_smoke() {
     let t = std::time::Instant::now();
     let logits = m.forward(&[504, 3575, 282, 4649, 314], &mut cache).unwrap();
     eprintln!("forward {:?}", t.elapsed());
-    let last = logits.get(4).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    let last = logits
+        .get(4)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     eprintln!("{:?}", &last[..8]);
-    let am = last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let am = last
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0;
     assert_eq!(am, 7042);
 }
 
@@ -28,9 +39,22 @@ fn gemma3_smoke() {
     };
     let m = common::checkpoint::load_with(&path, &LoadOptions::default());
     let mut cache = m.new_cache(RotatingStrategy::Staged).unwrap();
-    let logits = m.forward(&[2, 818, 5279, 529, 7001, 563], &mut cache).unwrap();
-    let last = logits.get(5).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    let logits = m
+        .forward(&[2, 818, 5279, 529, 7001, 563], &mut cache)
+        .unwrap();
+    let last = logits
+        .get(5)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     eprintln!("{:?}", &last[..8]);
-    let am = last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let am = last
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0;
     assert_eq!(am, 506);
 }

@@ -20,10 +20,14 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// Reads the template of the model in `dir`: `chat_template.jinja` if present, else the
+    /// Reads the template of the model at `dir`: a GGUF file's `tokenizer.chat_template`;
+    /// in a directory, `chat_template.jinja` if present, else the
     /// `chat_template` key of `tokenizer_config.json` (a string, or a list of named templates
     /// of which `default` is used). Fails when there is none or it does not compile.
     pub fn load(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf(dir) {
+            return Self::from_gguf(dir);
+        }
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = match std::fs::read_to_string(&config_path) {
             Ok(text) => serde_json::from_str(&text).map_err(|e| {
@@ -50,6 +54,38 @@ impl ChatTemplate {
             bos_token: special_token(&config, "bos_token"),
             eos_token: special_token(&config, "eos_token"),
             origin,
+        };
+        template
+            .environment()
+            .template_from_str(&template.source)
+            .map_err(|e| template.error(e))?;
+        Ok(template)
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`), its BOS and EOS tokens named
+    /// by `tokenizer.ggml.bos_token_id`/`eos_token_id`.
+    fn from_gguf(path: &Path) -> Result<Self> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        let source = crate::gguf::tokenizer::chat_template(&file)?.ok_or_else(|| {
+            Error::invalid(format!(
+                "dataset.chat_template = true, but {} has no chat template (no `tokenizer.chat_template` in its metadata)",
+                path.display()
+            ))
+        })?;
+        let tokens = file.array("tokenizer.ggml.tokens")?.unwrap_or_default();
+        let token = |key: &str| -> Result<String> {
+            Ok(file
+                .u64(key)?
+                .and_then(|id| tokens.get(usize::try_from(id).ok()?))
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string())
+        };
+        let template = Self {
+            source,
+            bos_token: token("tokenizer.ggml.bos_token_id")?,
+            eos_token: token("tokenizer.ggml.eos_token_id")?,
+            origin: path.to_path_buf(),
         };
         template
             .environment()

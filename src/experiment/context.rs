@@ -6,8 +6,20 @@ use super::runner::EncodedPrompt;
 use crate::error::{Error, Result};
 
 /// A model's context length as its `config.json` states it: `max_position_embeddings`, at the
-/// top level or in `text_config` (multimodal Gemma 3); `None` when the config states none.
+/// top level or in `text_config` (multimodal Gemma 3); a GGUF file's `{arch}.context_length`;
+/// `None` when the model states none.
 pub fn context_limit(model_dir: &Path) -> Result<Option<usize>> {
+    if crate::gguf::is_gguf(model_dir) {
+        let file = crate::gguf::GgufFile::open(model_dir)?;
+        let arch = file
+            .str("general.architecture")?
+            .unwrap_or_default()
+            .to_string();
+        let key = format!("{arch}.context_length");
+        return Ok(file
+            .u64(&key)?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)));
+    }
     let path = model_dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let json: serde_json::Value = serde_json::from_str(&text)

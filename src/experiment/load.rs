@@ -135,7 +135,8 @@ impl LanguageModel for LoadedModel {
     }
 }
 
-/// Checks that `draft` shares the target's vocabulary: when the draft ships a tokenizer.json,
+/// Checks that `draft` shares the target's vocabulary: when the draft ships a tokenizer
+/// (tokenizer.json, or a GGUF file's own),
 /// both tokenizers must have the same size and token → id map (output sizes may then differ
 /// by embedding padding, see [`align_vocabularies`]); without one, the output sizes must be
 /// equal. `name` is the drafter's config name.
@@ -145,8 +146,12 @@ pub fn check_vocabulary(
     draft: &LoadedModel,
 ) -> Result<()> {
     let (target, target_tok) = target;
-    let target_file = target.dir.join("tokenizer.json");
-    let draft_file = draft.dir.join("tokenizer.json");
+    let tokenizer_file = |dir: &Path| match crate::gguf::is_gguf(dir) {
+        true => dir.to_path_buf(),
+        false => dir.join("tokenizer.json"),
+    };
+    let target_file = tokenizer_file(&target.dir);
+    let draft_file = tokenizer_file(&draft.dir);
     let (tv, dv) = (
         target.model.info().vocab_size,
         draft.model.info().vocab_size,

@@ -61,6 +61,23 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig> {
             file.path().display()
         ))
     })?;
+    // Sizes are checked against what the file can hold before any spec allocates by them:
+    // every block has tensors, and no width of a supported model nears 2^24.
+    let blocks = need("block_count")?;
+    if blocks == 0 || blocks as usize > file.tensors().count() {
+        return Err(file.key_error(
+            &key("block_count"),
+            format!("{blocks} blocks for {} tensors", file.tensors().count()),
+        ));
+    }
+    for (k, v) in [
+        ("embedding_length", hidden),
+        ("attention.head_count", heads),
+    ] {
+        if v == 0 || v > 1 << 24 {
+            return Err(file.key_error(&key(k), format!("{v} is out of range")));
+        }
+    }
     let mut obj = Map::new();
     let mut set = |k: &str, v: Value| {
         obj.insert(k.to_string(), v);
@@ -69,7 +86,7 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig> {
     set("vocab_size", json!(embed.shape[0]));
     set("hidden_size", json!(hidden));
     set("intermediate_size", json!(need("feed_forward_length")?));
-    set("num_hidden_layers", json!(need("block_count")?));
+    set("num_hidden_layers", json!(blocks));
     set("num_attention_heads", json!(heads));
     set("num_key_value_heads", json!(kv_heads));
     if let Some(head_dim) = file.u64(&key("attention.key_length"))? {

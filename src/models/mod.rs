@@ -267,7 +267,12 @@ fn gguf_parts(path: &Path, opts: &LoadOptions) -> Result<(String, DecoderSpec, W
     }
     let dtype = resolve_dtype(opts, None, &text_cfg)?;
     let tensors = GgufTensors::new(file, unpermute, &spec.prefix);
-    Ok((arch, spec, Weights::from_gguf(tensors, &opts.device, dtype), eos))
+    Ok((
+        arch,
+        spec,
+        Weights::from_gguf(tensors, &opts.device, dtype),
+        eos,
+    ))
 }
 
 /// The decoder a config describes, for inspection or for building a variant by hand (the

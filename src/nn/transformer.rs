@@ -37,6 +37,11 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// True when the LM head is the embedding table (tied embeddings).
+    pub fn lm_head_is_embedding(&self) -> bool {
+        self.lm_head.weight().id() == self.embed.id()
+    }
+
     /// Parameters held (tied embeddings counted once).
     pub fn param_count(&self) -> usize {
         self.param_count

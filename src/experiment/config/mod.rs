@@ -140,8 +140,8 @@ pub enum DtypeChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
-    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json); relative
-    /// paths are relative to the current directory.
+    /// A Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a GGUF
+    /// file; relative paths are relative to the current directory.
     #[serde(default = "default_target_path")]
     pub path: PathBuf,
 }

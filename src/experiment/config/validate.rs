@@ -339,9 +339,20 @@ impl DrafterConfig {
 
 fn check_model_dir(key: &str, path: &Path, problems: &mut Vec<String>) {
     let shown = path.display();
-    if !path.is_dir() {
+    if path.is_file() {
+        if !crate::gguf::is_gguf(path) {
+            problems.push(format!(
+                "{key} = \"{shown}\": not a GGUF file (no GGUF magic number); expected a Hugging Face model directory or a .gguf file"
+            ));
+        }
+    } else if !path.is_dir() {
+        let hint = if path.starts_with("models/real") {
+            "; the real checkpoints are fetched by scripts/fetch-models.sh"
+        } else {
+            ""
+        };
         problems.push(format!(
-            "{key} = \"{shown}\": no such directory (expected a Hugging Face model directory)"
+            "{key} = \"{shown}\": no such directory or file (expected a Hugging Face model directory or a .gguf file){hint}"
         ));
     } else if !path.join("config.json").is_file() {
         problems.push(format!(
