@@ -289,6 +289,7 @@ fn main() {
         let opts = LoadOptions {
             device: device.clone(),
             dtype: dtype(),
+            quantized: false,
         };
         let model = Model::load(&dirs[0], &opts).expect("load");
         let mut cache = new_cache(&model);
@@ -330,6 +331,7 @@ fn main() {
         let opts = LoadOptions {
             device: device.clone(),
             dtype: dtype(),
+            quantized: false,
         };
         let model = Model::load(dir, &opts)
             .unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));

@@ -940,6 +940,7 @@ fn half_dtypes_run_on_the_cpu_close_to_f32() {
             &LoadOptions {
                 device: Device::Cpu,
                 dtype: choice,
+                quantized: false,
             },
         );
         assert_eq!(model.info().dtype, dtype);

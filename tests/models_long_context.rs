@@ -38,6 +38,7 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
     let options = LoadOptions {
         device: device::device(),
         dtype: DTypeChoice::F32,
+        quantized: false,
     };
     // The RoPE tables live in the model: a fresh load for every path, so each one grows them.
     let load = || load_with(&dir, &options);

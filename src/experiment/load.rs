@@ -46,7 +46,11 @@ pub fn load_options(device: Device, dtype: DtypeChoice) -> LoadOptions {
         DtypeChoice::Bf16 => DTypeChoice::BF16,
         DtypeChoice::F16 => DTypeChoice::F16,
     };
-    LoadOptions { device, dtype }
+    LoadOptions {
+        device,
+        dtype,
+        quantized: false,
+    }
 }
 
 /// A loaded model whose logits may be cut to the first `vocab` ids: checkpoints of one family

@@ -27,7 +27,7 @@ use super::runner::{
 use super::summary::{summarize, PointSummary};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
-use crate::models::load_tokenizer;
+use crate::models::{load_tokenizer, LoadOptions};
 use crate::speculative::ReferenceStore;
 
 /// How to run an experiment.
@@ -103,7 +103,11 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     check_context(config, &prompts)?;
     let device = select_device(config.device)?;
     let load = load_options(device.clone(), config.dtype);
-    let mut target = LoadedModel::load(&config.target.path, &load)?;
+    let target_load = LoadOptions {
+        quantized: config.target.quantized,
+        ..load.clone()
+    };
+    let mut target = LoadedModel::load(&config.target.path, &target_load)?;
     let mut drafts = load_drafts(config, &load, &target, &tokenizer)?;
     let mut all: Vec<&mut LoadedModel> = vec![&mut target];
     all.extend(drafts.values_mut());
@@ -230,7 +234,7 @@ fn encode_prompts(
 /// The draft models the sweep uses, each checked against the target's vocabulary.
 fn load_drafts(
     config: &ExperimentConfig,
-    load: &crate::models::LoadOptions,
+    load: &LoadOptions,
     target: &LoadedModel,
     tokenizer: &Tokenizer,
 ) -> Result<BTreeMap<String, LoadedModel>> {
@@ -240,7 +244,11 @@ fn load_drafts(
             continue;
         };
         if let (DrafterKind::Model | DrafterKind::Oracle, Some(path)) = (d.kind, &d.path) {
-            let draft = LoadedModel::load(path, load)?;
+            let opts = LoadOptions {
+                quantized: d.quantized,
+                ..load.clone()
+            };
+            let draft = LoadedModel::load(path, &opts)?;
             check_vocabulary(name, (target, tokenizer), &draft)?;
             drafts.insert(name.to_string(), draft);
         }

@@ -73,6 +73,9 @@ pub struct LoadOptions {
     pub device: Device,
     /// The compute dtype.
     pub dtype: DTypeChoice,
+    /// Keep a GGUF file's block-quantized matrices quantized (candle's quantized matmul)
+    /// instead of dequantizing them into the compute dtype; only for GGUF files.
+    pub quantized: bool,
 }
 
 impl Default for LoadOptions {
@@ -80,6 +83,7 @@ impl Default for LoadOptions {
         Self {
             device: Device::Cpu,
             dtype: DTypeChoice::Auto,
+            quantized: false,
         }
     }
 }
@@ -127,6 +131,11 @@ impl Model {
         }
         let (arch, spec, weights, eos_token_ids) = if crate::gguf::is_gguf(path) {
             gguf_parts(path, opts)?
+        } else if opts.quantized {
+            return Err(Error::invalid(format!(
+                "{}: quantized = true keeps a GGUF file's quantized matrices; this is not a GGUF file",
+                path.display()
+            )));
         } else if path.is_dir() {
             directory_parts(path, opts)?
         } else {
@@ -270,7 +279,7 @@ fn gguf_parts(path: &Path, opts: &LoadOptions) -> Result<(String, DecoderSpec, W
     Ok((
         arch,
         spec,
-        Weights::from_gguf(tensors, &opts.device, dtype),
+        Weights::from_gguf(tensors, &opts.device, dtype).keeping_quantized(opts.quantized),
         eos,
     ))
 }

@@ -75,6 +75,11 @@ impl AttnInput<'_> {
 }
 
 impl Attention {
+    /// True when a projection is quantized ([`Linear::quantized`]).
+    pub fn is_quantized(&self) -> bool {
+        self.qkv.is_quantized() || self.o.is_quantized()
+    }
+
     /// Checks the head geometry.
     pub fn new(parts: AttentionParts) -> Result<Self> {
         let HeadShape {

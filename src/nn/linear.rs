@@ -1,5 +1,7 @@
-//! Dense layers and RMS normalisation over row-major activations `[tokens, features]`.
-use candle_core::Tensor;
+//! Dense and quantized layers and RMS normalisation over row-major activations
+//! `[tokens, features]`.
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
 
@@ -8,26 +10,90 @@ use crate::error::Result;
 /// through kernels that read `W` once; prefills and other devices through candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[out, in]`.
+    /// `[out, in]` (for a quantized layer, an empty placeholder never multiplied).
     weight: Tensor,
     /// `[out]`.
     bias: Option<Tensor>,
+    /// Quantized row blocks `(matrix [rows, in], output scale)` stacked by rows, multiplied
+    /// by candle's quantized matmul instead of `weight`.
+    quantized: Option<std::sync::Arc<[QuantizedPart]>>,
+}
+
+/// One row block of a quantized layer: its matrix and the scale its outputs take (a scale
+/// folded into a dense weight at load cannot be folded into quantized blocks).
+#[derive(Debug)]
+pub struct QuantizedPart {
+    /// `[rows, in]`, in a GGML block type.
+    pub matrix: QMatMul,
+    /// Rows.
+    pub rows: usize,
+    /// Multiplies this block's outputs.
+    pub scale: f64,
 }
 
 impl Linear {
     /// A layer from a `[out, in]` weight and an optional `[out]` bias.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self { weight, bias }
+        Self {
+            weight,
+            bias,
+            quantized: None,
+        }
+    }
+
+    /// A quantized layer: row blocks `parts` stacked (their outputs concatenated), then the
+    /// optional `[out]` bias. Its inputs go through candle's quantized matmul in f32 on
+    /// every device; the fused kernels and CUDA graphs, which read dense weights, are not
+    /// used.
+    pub fn quantized(
+        parts: Vec<QuantizedPart>,
+        bias: Option<Tensor>,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        Ok(Self {
+            weight: Tensor::zeros(0, DType::F32, device)?,
+            bias,
+            quantized: Some(parts.into()),
+        })
+    }
+
+    /// True for a layer made by [`Linear::quantized`].
+    pub fn is_quantized(&self) -> bool {
+        self.quantized.is_some()
     }
 
     /// Output features.
     pub fn out_features(&self) -> Result<usize> {
-        Ok(self.weight.dim(0)?)
+        match &self.quantized {
+            Some(parts) => Ok(parts.iter().map(|p| p.rows).sum()),
+            None => Ok(self.weight.dim(0)?),
+        }
     }
 
-    /// The `[out, in]` weight.
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
+    /// The `[out, in]` weight of a dense layer; `None` for a quantized one.
+    pub fn weight(&self) -> Option<&Tensor> {
+        self.quantized.is_none().then_some(&self.weight)
+    }
+
+    /// `x Wᵀ` through the quantized blocks, in f32, back in `x`'s dtype.
+    fn forward_quantized(parts: &[QuantizedPart], x: &Tensor) -> Result<Tensor> {
+        let x32 = x.to_dtype(DType::F32)?;
+        let outs = parts
+            .iter()
+            .map(|p| {
+                let y = p.matrix.forward(&x32)?;
+                if p.scale == 1.0 {
+                    Ok(y)
+                } else {
+                    y * p.scale
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let y = match outs.len() {
+            1 => outs.into_iter().next().expect("one part"),
+            _ => Tensor::cat(&outs, 1)?,
+        };
+        Ok(y.to_dtype(x.dtype())?)
     }
 
     /// The `[out]` bias, if any.
@@ -37,6 +103,9 @@ impl Linear {
 
     /// `x: [t, in]` -> `[t, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(parts) = &self.quantized {
+            return self.add_bias(Self::forward_quantized(parts, x)?);
+        }
         let y = if super::skinny::applies(x, &self.weight) {
             super::skinny::skinny_matmul(x, &self.weight)?
         } else if let Some(y) = super::fused::gemv(x, &self.weight)? {
@@ -50,6 +119,9 @@ impl Linear {
     /// `norm(x) Wᵀ + b` for the residual stream `x: [t, in]` before `norm`: on CUDA the norm
     /// rides in the GEMV ([`super::fused::folded_gemv`]), elsewhere it runs first.
     pub fn forward_prenorm(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        if self.is_quantized() {
+            return self.forward(&norm.forward(x)?);
+        }
         let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
         match super::fused::folded_gemv(x, &self.weight, fold, false)? {
             Some(y) => self.add_bias(y),
@@ -60,7 +132,7 @@ impl Linear {
     /// `resid + x Wᵀ` (no bias) with the add in the GEMV's epilogue on CUDA
     /// ([`super::fused::folded_gemv`]); `resid: [t, out]`.
     pub fn forward_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {
-        if self.bias.is_none() {
+        if self.bias.is_none() && !self.is_quantized() {
             let fold = super::fused::Folded::Resid(resid);
             if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, false)? {
                 return Ok(y);
@@ -78,7 +150,20 @@ impl Linear {
 
     /// Parameters held.
     pub fn param_count(&self) -> usize {
-        self.weight.elem_count() + self.bias.as_ref().map_or(0, Tensor::elem_count)
+        let weights = match &self.quantized {
+            Some(parts) => parts.iter().map(|p| p.matrix_elems()).sum(),
+            None => self.weight.elem_count(),
+        };
+        weights + self.bias.as_ref().map_or(0, Tensor::elem_count)
+    }
+}
+
+impl QuantizedPart {
+    fn matrix_elems(&self) -> usize {
+        match &self.matrix {
+            QMatMul::QTensor(q) => q.shape().elem_count(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.elem_count(),
+        }
     }
 }
 

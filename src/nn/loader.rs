@@ -47,12 +47,16 @@ impl Loader<'_> {
         bias: bool,
         scale: f64,
     ) -> Result<Linear> {
-        let weight = self.tensor(&format!("{base}.weight"), &[out, inp], scale)?;
         let bias = if bias {
             Some(self.tensor(&format!("{base}.bias"), &[out], scale)?)
         } else {
             None
         };
+        let name = format!("{base}.weight");
+        if let Some(part) = self.weights.quantized_part(&name, &[out, inp], scale)? {
+            return Linear::quantized(vec![part], bias, self.weights.device());
+        }
+        let weight = self.tensor(&name, &[out, inp], scale)?;
         Ok(Linear::new(weight, bias))
     }
 
@@ -72,18 +76,15 @@ impl Loader<'_> {
                 .collect()
         };
         let (weight_names, bias_names) = (names("weight"), names("bias"));
+        let quantized = parts
+            .iter()
+            .zip(&weight_names)
+            .map(|(&(_, out, scale), name)| self.weights.quantized_part(name, &[out, inp], scale))
+            .collect::<Result<Option<Vec<_>>>>()?;
         let shapes: Vec<([usize; 2], [usize; 1])> = parts
             .iter()
             .map(|&(_, out, _)| ([out, inp], [out]))
             .collect();
-        let weight = self.weights.get_stacked(
-            &parts
-                .iter()
-                .zip(&weight_names)
-                .zip(&shapes)
-                .map(|(((_, _, scale), name), (w, _))| (name.as_str(), &w[..], *scale))
-                .collect::<Vec<_>>(),
-        )?;
         let bias = if bias {
             Some(
                 self.weights.get_stacked(
@@ -98,6 +99,17 @@ impl Loader<'_> {
         } else {
             None
         };
+        if let Some(quantized) = quantized {
+            return Linear::quantized(quantized, bias, self.weights.device());
+        }
+        let weight = self.weights.get_stacked(
+            &parts
+                .iter()
+                .zip(&weight_names)
+                .zip(&shapes)
+                .map(|(((_, _, scale), name), (w, _))| (name.as_str(), &w[..], *scale))
+                .collect::<Vec<_>>(),
+        )?;
         Ok(Linear::new(weight, bias))
     }
 

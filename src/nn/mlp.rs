@@ -52,8 +52,13 @@ pub struct GatedMlp {
 impl GatedMlp {
     /// The fused gate/up weight `[2 * intermediate, hidden]` (gate rows, then up rows).
     #[cfg(feature = "cuda")]
-    pub(crate) fn gate_up_weight(&self) -> &Tensor {
+    pub(crate) fn gate_up_weight(&self) -> Option<&Tensor> {
         self.gate_up.weight()
+    }
+
+    /// True when its projections are quantized ([`super::linear::Linear::quantized`]).
+    pub fn is_quantized(&self) -> bool {
+        self.gate_up.is_quantized() || self.down.is_quantized()
     }
 
     /// From `gate_up` (`[2 * intermediate, hidden]`: the gate rows, then the up rows) and
@@ -76,8 +81,10 @@ impl GatedMlp {
     /// `x: [t, hidden]` -> `[t, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // Decode and verification rows on CUDA: the SiLU rides in the gate/up product.
-        if self.act == Activation::Silu && self.gate_up.bias().is_none() {
-            if let Some(h) = super::fused::silu_gate_gemv(x, self.gate_up.weight())? {
+        if let (Activation::Silu, None, Some(w)) =
+            (self.act, self.gate_up.bias(), self.gate_up.weight())
+        {
+            if let Some(h) = super::fused::silu_gate_gemv(x, w)? {
                 profile::mark("gate/up projection", &h)?;
                 let out = self.down.forward(&h)?;
                 profile::mark("down projection", &out)?;
@@ -109,9 +116,11 @@ impl GatedMlp {
     /// a decode step runs no norm or add kernel here; elsewhere the norm and the add run on
     /// their own.
     pub fn forward_residual(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
-        if self.act == Activation::Silu && self.gate_up.bias().is_none() {
+        if let (Activation::Silu, None, Some(w)) =
+            (self.act, self.gate_up.bias(), self.gate_up.weight())
+        {
             let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
-            if let Some(h) = super::fused::folded_gemv(x, self.gate_up.weight(), fold, true)? {
+            if let Some(h) = super::fused::folded_gemv(x, w, fold, true)? {
                 profile::mark("gate/up projection", &h)?;
                 let out = self.down.forward_add(&h, x)?;
                 profile::mark("down projection", &out)?;

@@ -37,9 +37,20 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// True when any layer multiplies quantized blocks ([`super::linear::Linear::quantized`]).
+    pub fn is_quantized(&self) -> bool {
+        self.lm_head.is_quantized()
+            || self
+                .blocks
+                .iter()
+                .any(|b| b.attn.is_quantized() || b.mlp.is_quantized())
+    }
+
     /// True when the LM head is the embedding table (tied embeddings).
     pub fn lm_head_is_embedding(&self) -> bool {
-        self.lm_head.weight().id() == self.embed.id()
+        self.lm_head
+            .weight()
+            .is_some_and(|w| w.id() == self.embed.id())
     }
 
     /// Parameters held (tied embeddings counted once).
@@ -254,6 +265,18 @@ impl Decoder {
         if t > GRAPH_MAX_ROWS || cache.offset() == 0 || !super::graphs::graphs_enabled() {
             return Ok(None);
         }
+        // Recorded steps read dense weights (quantized layers run candle's quantized matmul).
+        let Some(gate_ups) = self
+            .blocks
+            .iter()
+            .map(|b| b.mlp.gate_up_weight())
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        if self.lm_head.is_quantized() || self.blocks.iter().any(|b| b.attn.is_quantized()) {
+            return Ok(None);
+        }
         let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
             return Ok(None);
         };
@@ -280,8 +303,8 @@ impl Decoder {
                     x = (x * scale)?;
                 }
                 let mut input = Input::Embedded(x);
-                for (block, (k, v, _)) in self.blocks.iter().zip(&bufs) {
-                    let gate_up = block.mlp.gate_up_weight();
+                for ((block, (k, v, _)), gate_up) in self.blocks.iter().zip(&bufs).zip(&gate_ups) {
+                    let gate_up = *gate_up;
                     input = block.forward_with(input, |attn, input| {
                         attn.forward_in_place(input, k, v, (len, reach), Some(gate_up))
                     })?;

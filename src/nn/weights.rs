@@ -23,6 +23,8 @@ pub struct Weights {
     index: HashMap<String, usize>,
     /// The GGUF file the tensors come from instead of `files`.
     gguf: Option<GgufTensors>,
+    /// Keep a GGUF file's block-quantized matrices quantized ([`Weights::quantized_part`]).
+    keep_quantized: bool,
     device: Device,
     dtype: DType,
 }
@@ -77,6 +79,7 @@ impl Weights {
             files,
             index,
             gguf: None,
+            keep_quantized: false,
             device: device.clone(),
             dtype,
         })
@@ -88,8 +91,43 @@ impl Weights {
             files: Vec::new(),
             index: HashMap::new(),
             gguf: Some(tensors),
+            keep_quantized: false,
             device: device.clone(),
             dtype,
+        }
+    }
+
+    /// The same tensors with a GGUF file's block-quantized matrices kept quantized.
+    pub fn keeping_quantized(self, keep: bool) -> Self {
+        Self {
+            keep_quantized: keep,
+            ..self
+        }
+    }
+
+    /// Matrix `name` (`[out, in]`, checked) as a quantized row block whose outputs take
+    /// `scale`, when quantized weights are kept and the file stores it in a block-quantized
+    /// type; `None` sends the caller to the dense path.
+    pub fn quantized_part(
+        &self,
+        name: &str,
+        shape: &[usize],
+        scale: f64,
+    ) -> Result<Option<super::linear::QuantizedPart>> {
+        let Some(gguf) = self.gguf.as_ref().filter(|_| self.keep_quantized) else {
+            return Ok(None);
+        };
+        use candle_core::quantized::GgmlDType;
+        match gguf.stored_type(name) {
+            None | Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => Ok(None),
+            Some(_) => {
+                let q = gguf.qtensor(name, shape, &self.device)?;
+                Ok(Some(super::linear::QuantizedPart {
+                    matrix: candle_core::quantized::QMatMul::from_qtensor(q)?,
+                    rows: shape[0],
+                    scale,
+                }))
+            }
         }
     }
 

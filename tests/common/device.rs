@@ -51,6 +51,7 @@ pub fn load_options() -> specdec::models::LoadOptions {
     specdec::models::LoadOptions {
         device: device(),
         dtype: dtype_choice(),
+        quantized: false,
     }
 }
 

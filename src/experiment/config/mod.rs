@@ -144,6 +144,10 @@ pub struct TargetConfig {
     /// file; relative paths are relative to the current directory.
     #[serde(default = "default_target_path")]
     pub path: PathBuf,
+    /// Keep a GGUF file's quantized matrices quantized (candle's quantized matmul) instead
+    /// of dequantizing them into the compute dtype.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quantized: bool,
 }
 
 fn default_target_path() -> PathBuf {
@@ -154,6 +158,7 @@ impl Default for TargetConfig {
     fn default() -> Self {
         Self {
             path: default_target_path(),
+            quantized: false,
         }
     }
 }
@@ -182,6 +187,9 @@ pub struct DrafterConfig {
     /// forwards are run for their cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// `model`: keep a GGUF draft's quantized matrices quantized (as `target.quantized`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quantized: bool,
     /// `oracle`: probability that each proposed token is the target's own (in `[0, 1]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,

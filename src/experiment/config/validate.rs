@@ -41,6 +41,12 @@ impl ExperimentConfig {
     pub fn check_paths(&self) -> Result<()> {
         let mut problems = Vec::new();
         check_model_dir("target.path", &self.target.path, &mut problems);
+        if self.target.quantized && self.target.path.is_dir() {
+            problems.push(format!(
+                "target.quantized = true: {} is a model directory; only a GGUF file's matrices can stay quantized",
+                self.target.path.display()
+            ));
+        }
         for name in self.used_drafters() {
             if let Some(DrafterConfig {
                 kind: DrafterKind::Model | DrafterKind::Oracle,
@@ -264,6 +270,19 @@ fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
     let key = format!("drafters.{name}");
     if d.kind != DrafterKind::Oracle && d.alpha.is_some() {
         problems.push(format!("{key}.alpha: applies to kind = \"oracle\" only"));
+    }
+    if d.quantized {
+        match &d.path {
+            Some(p) if d.kind == DrafterKind::Model && !crate::gguf::is_gguf(p) && p.exists() => problems
+                .push(format!(
+                    "{key}.quantized = true: {} is not a GGUF file (only a GGUF file's matrices can stay quantized)",
+                    p.display()
+                )),
+            _ if d.kind != DrafterKind::Model => problems.push(format!(
+                "{key}.quantized: applies to kind = \"model\" only"
+            )),
+            _ => {}
+        }
     }
     match d.kind {
         DrafterKind::Oracle => {
