@@ -153,7 +153,7 @@ impl GgufTensors {
             _ => return Cow::Borrowed(bytes),
         };
         let rows = info.shape[0];
-        if heads == 0 || rows % (2 * heads) != 0 {
+        if heads == 0 || !rows.is_multiple_of(2 * heads) {
             return Cow::Borrowed(bytes);
         }
         let row_bytes = bytes.len() / rows;
@@ -179,7 +179,7 @@ impl GgufTensors {
 /// aligned; candle reinterprets the bytes as blocks in place), copying them only when the
 /// file's alignment left them elsewhere.
 fn with_aligned<R>(bytes: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
-    if bytes.as_ptr() as usize % 8 == 0 {
+    if (bytes.as_ptr() as usize).is_multiple_of(8) {
         return f(bytes);
     }
     let mut words = vec![0u64; bytes.len().div_ceil(8)];
