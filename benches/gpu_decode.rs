@@ -455,6 +455,7 @@ fn trace(dir: &std::path::Path, device: &Device, n: usize) {
     let opts = LoadOptions {
         device: device.clone(),
         dtype: dtype(),
+        quantized: false,
     };
     let model =
         Model::load(dir, &opts).unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
