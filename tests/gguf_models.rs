@@ -119,11 +119,13 @@ fn check_logits(model: &str, name: &str, prompt: &Value, logits: &Tensor) {
             "{model}/{name}: logsumexp at {p}: {a} vs {b}"
         );
     }
+    // The top token where the reference's top-two gap exceeds what the tolerance allows.
     let argmax = ids(&prompt["argmax"]);
     let margins = floats(&prompt["margin"]);
     let ours_argmax = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+    let decisive = (NEAR_TIE as f32).max(2.0 * tol() * scale);
     for (p, ((a, b), m)) in ours_argmax.iter().zip(&argmax).zip(&margins).enumerate() {
-        if f64::from(*m) >= NEAR_TIE {
+        if *m >= decisive {
             assert_eq!(
                 a, b,
                 "{model}/{name}: argmax at position {p} (reference margin {m})"
@@ -147,7 +149,12 @@ fn expected_greedy(prompt: &Value) -> Vec<u32> {
     new[..tie.min(eos)].to_vec()
 }
 
+/// Greedy continuations token for token, in f32 only: a half-precision pass rounds the
+/// logits by more than the reference's top-two gaps, so its continuations may part.
 fn check_greedy(model: &str, name: &str, prompt: &Value, loaded: &Model, input: &[u32]) {
+    if loaded.info().dtype != DType::F32 {
+        return;
+    }
     let expected = expected_greedy(prompt);
     let params = |gamma| GenParams {
         max_new_tokens: expected.len(),

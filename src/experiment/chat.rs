@@ -170,20 +170,21 @@ fn special_token(config: &Value, key: &str) -> String {
     }
 }
 
-/// The tokens of `prompt`'s first turn: rendered through `template` when given, then encoded
-/// with `tokenizer.encode(text, false)`, so only the template adds special tokens.
+/// The tokens of `prompt`'s first turn: rendered through `template` when given and encoded
+/// without special tokens (the template writes them); raw text is encoded as transformers'
+/// `tokenizer(text)` does, with the special tokens the tokenizer adds itself (Gemma's BOS).
 pub fn encode_prompt(
     tokenizer: &Tokenizer,
     prompt: &Prompt,
     template: Option<&ChatTemplate>,
 ) -> Result<Vec<u32>> {
     let turn = prompt.turns.first().map(String::as_str).unwrap_or_default();
-    let text = match template {
-        Some(t) => t.render(turn)?,
-        None => turn.to_string(),
+    let (text, special) = match template {
+        Some(t) => (t.render(turn)?, false),
+        None => (turn.to_string(), true),
     };
     let encoding = tokenizer
-        .encode(text, false)
+        .encode(text, special)
         .map_err(|e| Error::invalid(format!("prompt {}: cannot encode: {e}", prompt.id)))?;
     let ids = encoding.get_ids().to_vec();
     if ids.is_empty() {
@@ -217,7 +218,7 @@ pub fn encode_conversation(
             .collect(),
     };
     let encoding = tokenizer
-        .encode(text, false)
+        .encode(text, template.is_none())
         .map_err(|e| Error::invalid(format!("prompt {id}: cannot encode: {e}")))?;
     Ok(encoding.get_ids().to_vec())
 }
