@@ -217,8 +217,12 @@ fn gemma3_matches_transformers() {
 }
 
 /// The quantized option (candle's quantized matmul over the file's blocks) against the same
-/// file dequantized: candle's CPU kernels quantize the activations to 8 bits, so logits
-/// differ by that rounding only; the tolerance and the top-1 agreement are what it allows.
+/// file dequantized. candle's kernels round the activations to 8 bits, so logits differ by
+/// that rounding: measured 0.030 / 0.046 of the largest logit (SmolLM2 / Gemma) with top-1
+/// agreement 44 and 45 of 48 on the CPU, 0.080 / 0.061 and 40 and 46 of 48 on an H200. The
+/// bounds (0.15, 75%) leave room for that and catch a wiring fault (rows out of order, a lost
+/// scale: errors of the order of the logits themselves). Then greedy speculation on the
+/// quantized model must still equal its autoregressive decoding token for token.
 fn quantized_matches_dequantized(test: &str, file: &str, prompt: &[u32]) {
     let Some(path) = common::real::real_model(test, file) else {
         return;
