@@ -15,6 +15,8 @@
 //!    prompt), the read bandwidth measured in the same run (both cores summing a 2 GiB
 //!    buffer, far past the last-level cache; median of 5, taken between rows), and the
 //!    decode step's share of that memory bound.
+//!    A GGUF file's table is printed twice: dequantized, then with its quantized matrices
+//!    kept quantized (`quantized = true`, candle's quantized matmul), in one run.
 //! 2. **criterion** (target only): prefill of 128 tokens, decode and verify 2 / 5 / 9 after 128.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -60,11 +62,19 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 fn load(dir: &Path) -> Option<Model> {
+    load_with(dir, false)
+}
+
+fn load_with(dir: &Path, quantized: bool) -> Option<Model> {
     if !dir.join("config.json").is_file() && !specdec::gguf::is_gguf(dir) {
         println!("model_decode: no model at {}, skipping", dir.display());
         return None;
     }
-    Model::load(dir, &LoadOptions::default())
+    let options = LoadOptions {
+        quantized,
+        ..LoadOptions::default()
+    };
+    Model::load(dir, &options)
         .map_err(|e| println!("model_decode: cannot load {}: {e}", dir.display()))
         .ok()
 }
@@ -180,13 +190,21 @@ fn paired_table(dir: &Path, model: &Model) {
             .map(|(ms, x)| format!("{ms:.3} ({x:.2}×)"))
             .collect();
         let bound_ms = 1e3 * bytes / bandwidth;
+        // The bytes of quantized blocks are not counted here: no bound for such a model.
+        let bound = if model.is_quantized() {
+            format!("— | {:.1} | — | —", bandwidth / 1e9)
+        } else {
+            format!(
+                "{:.1} | {:.1} | {bound_ms:.3} | {:.0}%",
+                bytes / 1e6,
+                bandwidth / 1e9,
+                100.0 * bound_ms / row[0].0
+            )
+        };
         println!(
-            "| {context} | {:.3} | {} | {:.1} | {:.1} | {bound_ms:.3} | {:.0}% |",
+            "| {context} | {:.3} | {} | {bound} |",
             row[0].0,
-            cells.join(" | "),
-            bytes / 1e6,
-            bandwidth / 1e9,
-            100.0 * bound_ms / row[0].0
+            cells.join(" | ")
         );
     }
 }
@@ -255,6 +273,12 @@ fn main() {
         for dir in model_dirs() {
             if let Some(model) = load(&dir) {
                 paired_table(&dir, &model);
+            }
+            if specdec::gguf::is_gguf(&dir) {
+                if let Some(model) = load_with(&dir, true) {
+                    println!("\n(quantized = true)");
+                    paired_table(&dir, &model);
+                }
             }
         }
         println!();

@@ -78,12 +78,12 @@ impl Linear {
     /// `x Wᵀ` through the quantized blocks, in f32, back in `x`'s dtype. A row's result must
     /// not depend on the rows beside it (a verification row must get what the same row gets
     /// in a one-token decode step, or greedy speculation would part from autoregressive
-    /// decoding): candle's CPU kernels quantize and multiply row by row, but its CUDA kernels
-    /// take another path for several rows than for one, so on GPUs the rows of a decode or
-    /// verification block (up to 16) run one at a time, and only prefills run as one block.
+    /// decoding), and candle's quantized kernels take other paths for several rows than for
+    /// one, on the CPU (its repacked gemm) and on CUDA alike: the rows of a decode or
+    /// verification block (up to 16) run one at a time; only prefills run as one block.
     fn forward_quantized(parts: &[QuantizedPart], x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
-        if !x.device().is_cpu() && (2..=super::skinny::MAX_ROWS).contains(&rows) {
+        if (2..=super::skinny::MAX_ROWS).contains(&rows) {
             let each = (0..rows)
                 .map(|i| Self::forward_quantized(parts, &x.narrow(0, i, 1)?))
                 .collect::<Result<Vec<_>>>()?;
