@@ -16,7 +16,9 @@
 # Usage: scripts/build-cuda.sh [--check]   (--check: only `cargo clippy --features cuda
 #        --all-targets -- -D warnings`, as CI runs it; no binaries)
 # Env:   CUDA_COMPUTE_CAP (default 90: H100/H200), SPECDEC_CUDA_DIR (default .cuda),
-#        CARGO_TARGET_DIR (default target-cuda).
+#        CARGO_TARGET_DIR (default target-cuda), CUDA_TARGETS (cargo's target selection,
+#        default "--bins --tests --benches"; e.g. "--bin exp --test gguf_models" for a small
+#        archive that travels beside large carried files).
 #
 # On the GPU machine: `scripts/gpu-unpack.sh` then run with LD_LIBRARY_PATH=/usr/local/cuda/lib64.
 set -euo pipefail
@@ -96,7 +98,8 @@ echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO
 # One cargo run: its JSON messages (stdout; progress and the compiler's diagnostics rendered
 # on stderr) name the binaries to pack. A second run only for the list would rebuild, and pack, any
 # source edited meanwhile (it happened: an archive carried a half-finished kernel edit).
-msgs=$(cargo build --release --features cuda --bins --tests --benches \
+# shellcheck disable=SC2086 # CUDA_TARGETS is a list of cargo arguments
+msgs=$(cargo build --release --features cuda ${CUDA_TARGETS:---bins --tests --benches} \
   --message-format=json-render-diagnostics)
 
 # 5. Strip, then pack every binary into one solid xz archive: each carries the same ~33 MB of
