@@ -263,16 +263,21 @@ fn quantized_matches_dequantized(test: &str, file: &str, prompt: &[u32]) {
         "top-1 agrees at {agree} of {} positions",
         ta.len()
     );
-    // Greedy speculation equals autoregressive decoding on the dense model. On the quantized
-    // one it does not yet on the CPU (SmolLM2, this prompt: the 34th token differs, though a
-    // block's rows come out bitwise equal to one-row steps; docs/real-models.md), so it is
-    // not asserted there.
-    let (ar, spec) = greedy_pair(&dense, prompt);
-    assert!(
-        spec.accepted.iter().sum::<usize>() > 0,
-        "{test}: no draft was accepted"
-    );
-    assert_eq!(spec.output_ids, ar.output_ids, "{test}: greedy speculation");
+    // Greedy speculation equals autoregressive decoding on both: a verification row gets
+    // bitwise the logits of a one-token step (see `block_rows_equal_one_token_steps`).
+    for model in [&dense, &quant] {
+        let (ar, spec) = greedy_pair(model, prompt);
+        assert!(
+            spec.accepted.iter().sum::<usize>() > 0,
+            "{test}: no draft was accepted"
+        );
+        assert_eq!(
+            spec.output_ids,
+            ar.output_ids,
+            "{test}: greedy speculation (quantized: {})",
+            model.is_quantized()
+        );
+    }
 }
 
 /// Greedy decoding of `prompt` (48 tokens, EOS ignored): autoregressive, then prompt lookup
@@ -332,4 +337,56 @@ fn gemma3_quantized_matches_dequantized() {
         common::real::GEMMA3,
         &prompt,
     );
+}
+
+/// On the CPU every row of a verification block `[token, d1, d2, d3]` gets bitwise the logits
+/// of a one-token step at its position, for the dense and the quantized model alike, along a
+/// 12-step greedy decode: the property greedy speculation's equality with autoregressive
+/// decoding rests on (a quantized model's 8-bit activations turn any rounding difference into
+/// a jump).
+#[test]
+fn smollm2_block_rows_equal_one_token_steps() {
+    let Some(path) = common::real::real_model(
+        "smollm2_block_rows_equal_one_token_steps",
+        common::real::SMOLLM2,
+    ) else {
+        return;
+    };
+    let prompt: Vec<u32> = (0..48).map(|i| (i * 997 + 17) % 49_000).collect();
+    for quantized in [false, true] {
+        let m = common::checkpoint::load_with(
+            &path,
+            &LoadOptions {
+                device: candle_core::Device::Cpu,
+                dtype: DTypeChoice::F32,
+                quantized,
+            },
+        );
+        let mut cache = m.new_cache(RotatingStrategy::Staged).unwrap();
+        let last = m.forward_last(&prompt, &mut cache).unwrap();
+        let mut token = last.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
+        for step in 0..12 {
+            let drafts = [token, 0, 7, 9];
+            let mut copy = cache.deep_clone().unwrap();
+            let mut spec = copy.speculate().unwrap();
+            let block = m.forward(&drafts, spec.cache()).unwrap();
+            drop(spec);
+            // Row r against a one-token step after rows 0..r on a copy of the cache.
+            let mut walk = cache.deep_clone().unwrap();
+            for (r, &t) in drafts.iter().enumerate() {
+                let one = m.forward_last(&[t], &mut walk).unwrap();
+                let diff = (one.get(0).unwrap() - block.get(r).unwrap())
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert_eq!(diff, 0.0, "quantized {quantized}, step {step}, row {r}");
+            }
+            let one = m.forward_last(&[token], &mut cache).unwrap();
+            token = one.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
+        }
+    }
 }

@@ -257,6 +257,9 @@ impl Attention {
             if let Some(out) = suffix_kernel(q, &attend.k, &attend.v, window, self.softcap)? {
                 return Ok(out);
             }
+            if window.is_none() && q.device().is_cpu() && (2..=ROW_BY_ROW_MAX).contains(&t) {
+                return heads_to_rows(attend_row_by_row(q, &attend.k, &attend.v, self.softcap)?);
+            }
             if t > PREFILL_CHUNK {
                 return heads_to_rows(attend_chunked(
                     q,
@@ -322,6 +325,34 @@ fn suffix_kernel(
     } else {
         fused::flash_attention(q, k, v, window, softcap)
     }
+}
+
+/// Most queries of a block that [`attend_row_by_row`] takes (decode and verification blocks).
+const ROW_BY_ROW_MAX: usize = 16;
+
+/// The newest `t` queries `q: [1, h, t, d]` over full-attention keys `k`, `v: [1, kv, len,
+/// d]` one at a time, each over exactly the keys it sees (query `i`: the first
+/// `len - t + i + 1`) and unmasked, as `[1, h, t, d]`: bitwise what a one-token step at that
+/// position computes. One masked product over the whole block rounds differently (by ~1e-5
+/// in a real model's logits on the CPU), which a greedy verification must not do: its rows
+/// are compared with what autoregressive decoding would pick, and a quantized model's 8-bit
+/// activations turn such a difference into a jump.
+fn attend_row_by_row(q: &Tensor, k: &Tensor, v: &Tensor, softcap: Option<f64>) -> Result<Tensor> {
+    let (t, len) = (q.dim(2)?, k.dim(2)?);
+    let rows = (0..t)
+        .map(|i| {
+            let seen = len - t + i + 1;
+            attend_masked(
+                &q.narrow(2, i, 1)?,
+                &k.narrow(2, 0, seen)?,
+                &v.narrow(2, 0, seen)?,
+                None,
+                None,
+                softcap,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&rows, 2)?)
 }
 
 /// `[1, h, t, d]` -> `[t, h * d]`.
