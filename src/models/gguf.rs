@@ -89,7 +89,8 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig> {
     set("num_hidden_layers", json!(blocks));
     set("num_attention_heads", json!(heads));
     set("num_key_value_heads", json!(kv_heads));
-    if let Some(head_dim) = file.u64(&key("attention.key_length"))? {
+    let head_dim = file.u64(&key("attention.key_length"))?;
+    if let Some(head_dim) = head_dim {
         set("head_dim", json!(head_dim));
     }
     if let Some(ctx) = file.u64(&key("context_length"))? {
@@ -106,14 +107,11 @@ pub fn hf_config(file: &GgufFile) -> Result<HfConfig> {
         "tie_word_embeddings",
         json!(file.tensor("output.weight").is_none()),
     );
-    if arch == "qwen2" {
-        set("attention_bias", json!(false));
-    }
     if arch == "gemma3" {
-        let head_dim = file
-            .u64(&key("attention.key_length"))?
-            .unwrap_or(hidden / heads.max(1));
-        set("query_pre_attn_scalar", json!(head_dim));
+        set(
+            "query_pre_attn_scalar",
+            json!(head_dim.unwrap_or(hidden / heads)),
+        );
         set("sliding_window_pattern", json!(GEMMA3_PATTERN));
         set("rope_local_base_freq", json!(GEMMA3_LOCAL_BASE));
         if let Some(window) = file.u64(&key("attention.sliding_window"))? {
