@@ -3,7 +3,7 @@
 //! head. Each kind runs 2,000 times after a prompt (inside a speculation that rolls back, so
 //! every forward sees the same cache), once plain and once with the stage marks, twice over.
 //!
-//! `cargo run --release --example cpu_stages -- [MODEL_DIR (models/target)] [CONTEXT (128)]`
+//! `cargo run --release --example cpu_stages -- [MODEL (models/target)] [CONTEXT (128)] [forwards (2000)]`
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -11,14 +11,16 @@ use specdec::cache::RotatingStrategy;
 use specdec::models::{LoadOptions, Model};
 use specdec::nn::profile;
 
-const FORWARDS: usize = 2000;
-
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "models/target".into()));
     let context: usize = match args.next() {
         Some(s) => s.parse().map_err(|e| format!("CONTEXT {s:?}: {e}"))?,
         None => 128,
+    };
+    let forwards: usize = match args.next() {
+        Some(s) => s.parse().map_err(|e| format!("forwards {s:?}: {e}"))?,
+        None => 2000,
     };
     specdec::nn::on_cpu_pool(|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let model = Model::load(&dir, &LoadOptions::default())?;
@@ -29,14 +31,14 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let mut seeded = model.new_cache(RotatingStrategy::Slack { max_draft: 8 })?;
         model.forward_last(&prompt, &mut seeded)?;
         println!(
-            "{} after {context} tokens, {FORWARDS} forwards a row",
+            "{} after {context} tokens, {forwards} forwards a row",
             dir.display()
         );
         for len in [1usize, 5, 1, 5] {
             for marked in [false, true] {
                 profile::enable(marked);
                 let start = Instant::now();
-                for _ in 0..FORWARDS {
+                for _ in 0..forwards {
                     let mut spec = seeded.speculate()?;
                     if len == 1 {
                         std::hint::black_box(model.forward_last(&prompt[..1], spec.cache())?);
@@ -44,10 +46,10 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                         std::hint::black_box(model.forward(&prompt[..len], spec.cache())?);
                     }
                 }
-                let ms = start.elapsed().as_secs_f64() * 1e3 / FORWARDS as f64;
+                let ms = start.elapsed().as_secs_f64() * 1e3 / forwards as f64;
                 println!("{len} token(s), stage marks {marked}: {ms:.4} ms a forward");
                 for (stage, spent, _) in profile::take() {
-                    let ms = spent.as_secs_f64() * 1e3 / FORWARDS as f64;
+                    let ms = spent.as_secs_f64() * 1e3 / forwards as f64;
                     println!("    {stage:28} {ms:.4} ms");
                 }
             }

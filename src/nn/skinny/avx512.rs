@@ -1,7 +1,15 @@
 //! AVX-512 micro-kernel of [`super::rows`]: blocks of [`R`] weight rows × up to [`MAX_T`]
-//! token rows per pass over `in`, so each loaded `x` vector serves `R` weight rows and each
-//! `w` vector up to `MAX_T` tokens (`R + T` loads per `R · T` multiply-adds, against about
-//! one load per multiply-add for one weight row at a time, which bound 5-token products).
+//! token rows per pass over `in` (products of 4 or more token rows: [`R_WIDE`] × up to
+//! [`MAX_T_WIDE`]), so each loaded `x` vector serves several weight rows and each `w` vector
+//! several tokens (`R + T` loads per `R · T` multiply-adds, against about one load per
+//! multiply-add for one weight row at a time, which bound 5-token products).
+//!
+//! Weights stream from memory, and a block of several token rows spends longer on each
+//! cache line than a one-row block does. The hardware prefetcher alone then kept too few
+//! lines in flight (a 5-row product read the weights at about 60% of a one-row product's
+//! rate on the 2-core Xeon of docs/cpu.md), so such blocks prefetch the next block of weight
+//! rows, line for line, as they sum the current one (one-row blocks do not: there the
+//! software prefetches only cost issue slots).
 //!
 //! Summation order, the contract the tests check: every dot product `dot(x[i], w[j])` is
 //! summed in one 16-lane accumulator over `in` in steps of 16 (the last step masked, its
@@ -16,9 +24,14 @@ use std::arch::x86_64::*;
 /// 32 zmm registers for `T` ≤ [`MAX_T`], and [`hsum8`] reduces one token's `R` sums at once.
 const R: usize = 8;
 
-/// Most token rows per block. Larger blocks (4–8 tokens with 4 or 2 weight rows) made LLVM
-/// spill accumulators inside the loop and measured slower.
+/// Most token rows per block.
 const MAX_T: usize = 3;
+
+/// Weight rows and most token rows per block when a product has more than [`MAX_T`] token
+/// rows: all of a 4- or 5-token verification in one pass, so that every pass over a block
+/// of `w` reads new weights from memory.
+const R_WIDE: usize = 4;
+const MAX_T_WIDE: usize = 5;
 
 /// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i < t` and every row `j` of
 /// `w`; `x: [t, inp]`, `w: [rows, inp]`, `y: [t, stride]` with `rows ≤ stride`.
@@ -36,31 +49,54 @@ pub unsafe fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], st
             && out <= stride
             && y.len() >= (t - 1) * stride + out
     );
+    // SAFETY: AVX-512F is enabled here; the lengths were asserted.
+    unsafe {
+        if t <= MAX_T {
+            shaped::<R, MAX_T>(x, w, t, inp, y, stride)
+        } else {
+            shaped::<R_WIDE, MAX_T_WIDE>(x, w, t, inp, y, stride)
+        }
+    }
+}
+
+/// [`rows`] in blocks of `N` weight rows × up to `M` token rows.
+#[target_feature(enable = "avx512f")]
+unsafe fn shaped<const N: usize, const M: usize>(
+    x: &[f32],
+    w: &[f32],
+    t: usize,
+    inp: usize,
+    y: &mut [f32],
+    stride: usize,
+) {
+    let out = w.len() / inp;
     let at = Block {
         i0: 0,
         j0: 0,
         inp,
         stride,
     };
-    // Weight blocks outside, token blocks inside: a block's `R` rows of `w` (32 KiB at
-    // 1,024 features) stay in L1 while every token block passes over them.
-    let whole = out - out % R;
-    for j0 in (0..out).step_by(R) {
+    // Weight blocks outside, token blocks inside: a block's `N` rows of `w` stay in L1 while
+    // every token block passes over them.
+    let whole = out - out % N;
+    for j0 in (0..out).step_by(N) {
         let mut i0 = 0;
-        // Token blocks as even as possible (5 rows: 2 + 3).
-        let blocks = t.div_ceil(MAX_T);
+        // Token blocks as even as possible (9 rows: 4 + 5).
+        let blocks = t.div_ceil(M);
         for b in 0..blocks {
             let n = (t - i0) / (blocks - b);
             let at = Block { i0, j0, ..at };
-            // SAFETY (both arms): AVX-512F is enabled here; rows `j0..j0 + R` (or the
+            // SAFETY (both arms): AVX-512F is enabled here; rows `j0..j0 + N` (or the
             // single rows of a partial block) and tokens `i0..i0 + n` are in bounds
-            // (asserted above).
+            // (asserted by `rows`).
             unsafe {
                 if j0 < whole {
                     match n {
-                        1 => block::<1>(x, w, y, at),
-                        2 => block::<2>(x, w, y, at),
-                        _ => block::<3>(x, w, y, at),
+                        1 => block::<N, 1>(x, w, y, at),
+                        2 => block::<N, 2>(x, w, y, at),
+                        3 => block::<N, 3>(x, w, y, at),
+                        4 => block::<N, 4>(x, w, y, at),
+                        _ => block::<N, 5>(x, w, y, at),
                     }
                 } else {
                     for j0 in j0..out {
@@ -68,7 +104,9 @@ pub unsafe fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], st
                         match n {
                             1 => single::<1>(x, w, y, at),
                             2 => single::<2>(x, w, y, at),
-                            _ => single::<3>(x, w, y, at),
+                            3 => single::<3>(x, w, y, at),
+                            4 => single::<4>(x, w, y, at),
+                            _ => single::<5>(x, w, y, at),
                         }
                     }
                 }
@@ -128,7 +166,17 @@ unsafe fn accumulate<const N: usize, const T: usize>(
         let mut acc = [[_mm512_setzero_ps(); T]; N];
         let body = inp - inp % 16;
         let mut k = 0;
+        // The next block of weight rows, fetched into the cache while this one is summed.
+        // Blocks of several token rows fetch the next block of weight rows into L1 while
+        // they sum this one (module doc); one-row blocks leave it to the hardware.
+        let ahead = T > 1 && (j0 + 2 * N) * inp <= w.len();
+        let next = wp.add(N * inp);
         while k < body {
+            if ahead {
+                for r in 0..N {
+                    _mm_prefetch::<_MM_HINT_T0>(next.add(r * inp + k) as *const i8);
+                }
+            }
             step(&mut acc, xp, wp, inp, k, !0);
             k += 16;
         }
@@ -140,18 +188,25 @@ unsafe fn accumulate<const N: usize, const T: usize>(
     }
 }
 
-/// `y[(i0 + b) * stride + j0 + r] = dot(x[i0 + b], w[j0 + r])` for `r < R`, `b < T`.
+/// `y[(i0 + b) * stride + j0 + r] = dot(x[i0 + b], w[j0 + r])` for `r < N`, `b < T`
+/// (`N` is 4 or 8).
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block<const T: usize>(x: &[f32], w: &[f32], y: &mut [f32], at: Block) {
+unsafe fn block<const N: usize, const T: usize>(x: &[f32], w: &[f32], y: &mut [f32], at: Block) {
     // SAFETY: AVX-512F is enabled; bounds are the caller's contract.
-    let acc = unsafe { accumulate::<R, T>(x, w, at) };
-    // One token's R accumulators together.
-    let by_token: [[__m512; R]; T] = std::array::from_fn(|b| std::array::from_fn(|r| acc[r][b]));
-    for (b, acc) in by_token.into_iter().enumerate() {
-        let sums = hsum8(acc);
+    let acc = unsafe { accumulate::<N, T>(x, w, at) };
+    for b in 0..T {
+        // One token's N accumulators together, padded with zeros to eight ([`hsum8`] sums
+        // each accumulator on its own, so the padding does not touch the first N sums).
+        let sums = hsum8(std::array::from_fn(|r| {
+            if r < N {
+                acc[r][b]
+            } else {
+                _mm512_setzero_ps()
+            }
+        }));
         let at_y = (at.i0 + b) * at.stride + at.j0;
-        y[at_y..at_y + R].copy_from_slice(&sums);
+        y[at_y..at_y + N].copy_from_slice(&sums[..N]);
     }
 }
 
