@@ -3,8 +3,10 @@
 //! the shipped target and draft), on `SPECDEC_BENCH_DEVICE` (`cuda` when built with it, else
 //! `cpu`) in `SPECDEC_BENCH_DTYPE` (`auto`, `f32`, `bf16`, `f16`):
 //!
-//! 1. **Bandwidth**: a device-to-device copy of 1 GiB, median of 9 (read + write bytes / s):
-//!    the memory bound of a decode step is the weight bytes at this rate.
+//! 1. **Bandwidth**: a device-to-device copy of 1 GiB, median of 9 (read + write bytes / s;
+//!    on CUDA the driver's copy between buffers allocated beforehand), or
+//!    `SPECDEC_BENCH_BANDWIDTH` (bytes / s) where set: the memory bound of a decode step is the
+//!    weight bytes at this rate.
 //! 2. **Context table**: after a prompt of each length (`SPECDEC_BENCH_CONTEXTS`, default
 //!    128, 1,024, 4,096 and 8,000, cut at the model's context; into a cache first grown to
 //!    `SPECDEC_BENCH_CAPACITY` positions where set, as an engine's caches stay grown from one
@@ -23,6 +25,9 @@
 //!    synchronised at every stage boundary (`specdec::nn::profile`): per-stage ms per token,
 //!    summed over layers. The synchronisations cost time of their own, so the stages add up
 //!    to more than a step; they show which stages are slow, not the overlapped total.
+//!
+//! Rotating (sliding-window) layers keep the slack strategy's caches (room for 8 drafts), or
+//! the staged strategy's with `SPECDEC_BENCH_STRATEGY=staged`.
 //!
 //! `SPECDEC_BENCH_JSON=path` also writes everything as JSON. `SPECDEC_BENCH_KERNELS=n` does
 //! only a prefill of 128 tokens, `n` decode steps of the first model and `n` verification
@@ -71,9 +76,29 @@ fn dtype() -> DTypeChoice {
         .unwrap_or_else(|e| panic!("SPECDEC_BENCH_DTYPE={name}: {e}"))
 }
 
-/// Read + write bytes per second of a 1 GiB device-to-device copy (median of 9).
-fn copy_bandwidth(device: &Device) -> f64 {
+/// Read + write bytes per second of a 1 GiB device-to-device copy (median of 9) and what
+/// copied: on CUDA the driver's copy between two buffers allocated beforehand, elsewhere
+/// candle's copy of a tensor. (candle's copy on CUDA allocates its destination inside the
+/// timed region and measured 1.15–1.31 TB/s where torch's clone ran 3.96–4.26 TB/s on the
+/// same H200.)
+fn copy_bandwidth(device: &Device) -> (f64, &'static str) {
     let n = 1usize << 28; // f32 elements: 1 GiB
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let stream = dev.cuda_stream();
+        let src = stream.alloc_zeros::<f32>(n).expect("alloc");
+        let mut dst = stream.alloc_zeros::<f32>(n).expect("alloc");
+        let mut times = Vec::new();
+        for _ in 0..10 {
+            stream.synchronize().expect("sync");
+            let start = Instant::now();
+            stream.memcpy_dtod(&src, &mut dst).expect("copy");
+            stream.synchronize().expect("sync");
+            times.push(start.elapsed().as_secs_f64());
+        }
+        let rate = 2.0 * (n * 4) as f64 / median(&times[1..]).expect("nine timed copies");
+        return (rate, "driver copy of 1 GiB between allocated buffers");
+    }
     let a = Tensor::zeros(n, DType::F32, device).expect("alloc");
     let mut times = Vec::new();
     for _ in 0..10 {
@@ -84,7 +109,8 @@ fn copy_bandwidth(device: &Device) -> f64 {
         times.push(start.elapsed().as_secs_f64());
         drop(b);
     }
-    2.0 * (n * 4) as f64 / median(&times[1..]).expect("nine timed copies")
+    let rate = 2.0 * (n * 4) as f64 / median(&times[1..]).expect("nine timed copies");
+    (rate, "candle copy of 1 GiB")
 }
 
 fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
@@ -190,10 +216,18 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
     }
 }
 
+/// The rotating caches' strategy: `SPECDEC_BENCH_STRATEGY` (`slack`, the default, with room
+/// for 8 drafts; or `staged`).
+fn strategy() -> RotatingStrategy {
+    match std::env::var("SPECDEC_BENCH_STRATEGY").as_deref() {
+        Err(_) | Ok("slack") => RotatingStrategy::Slack { max_draft: 8 },
+        Ok("staged") => RotatingStrategy::Staged,
+        Ok(other) => panic!("SPECDEC_BENCH_STRATEGY={other}: expected slack or staged"),
+    }
+}
+
 fn new_cache(model: &Model) -> ModelCache {
-    model
-        .new_cache(RotatingStrategy::Slack { max_draft: 8 })
-        .expect("cache")
+    model.new_cache(strategy()).expect("cache")
 }
 
 /// Per-stage ms per decode step after 128 tokens, device synchronised at every stage.
@@ -310,8 +344,7 @@ fn main() {
         }
         return;
     }
-    // A reference copy rate measured outside (the GPU script uses torch's clone, whose copy
-    // kernels are faster than candle's), else candle's own copy.
+    // A reference copy rate measured outside where given, else the copy measured here.
     let (bandwidth, source) = match std::env::var("SPECDEC_BENCH_BANDWIDTH") {
         Ok(v) => (
             v.trim()
@@ -319,11 +352,12 @@ fn main() {
                 .unwrap_or_else(|e| panic!("SPECDEC_BENCH_BANDWIDTH={v}: {e}")),
             "SPECDEC_BENCH_BANDWIDTH",
         ),
-        Err(_) => (copy_bandwidth(&device), "candle copy of 1 GiB"),
+        Err(_) => copy_bandwidth(&device),
     };
     println!(
-        "gpu_decode on {device:?}: device-to-device copy {:.1} GB/s (read + write; {source})",
-        bandwidth / 1e9
+        "gpu_decode on {device:?}: device-to-device copy {:.1} GB/s (read + write; {source}); rotating caches {:?}",
+        bandwidth / 1e9,
+        strategy()
     );
     let mut json = Vec::new();
     let mut decode_128 = Vec::new();

@@ -30,6 +30,9 @@ Cases
             Leviathan et al. prediction (1 - a^(g+1)) / ((1 - a)(g c + 1)) with the measured c
             (it assumes a verification costs one decode step) and the time-accounting
             prediction tau / (g c + v), v = seconds per verification / seconds per AR step.
+  gemma4b   the same methods on random bf16 weights in the shapes of Gemma-3-4B (text,
+            target) and Gemma-3-270M (draft), both with sliding-window layers (vocabularies
+            262,208 and 262,144), made once by scripts/sliding_shapes.py in --sliding-dir.
 
 Measurement: --rounds N rounds (default 3); in each, every method runs every prompt, the
 methods in an order rotated by one per round (exp runs all its points in one process per
@@ -60,13 +63,15 @@ GAMMAS = (2, 4, 8)
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", choices=["default", "llama8b"], required=True)
+    p.add_argument("--case", choices=["default", "llama8b", "gemma4b"], required=True)
     p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--exp", default=os.path.join(REPO, ".cuda/run/bin/exp"))
     p.add_argument("--models-dir", default=f"/tmp/specdec-bench-models-v{VOCAB}")
+    p.add_argument("--sliding-dir", default="/tmp/specdec-sliding",
+                   help="gemma4b: where scripts/sliding_shapes.py keeps its checkpoints")
     p.add_argument("--out", default=os.path.join(REPO, "bench-gpu-out"))
     p.add_argument("--skip-hf", action="store_true", help="specdec rows only")
     p.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS),
@@ -293,11 +298,18 @@ def run_case(args, torch):
                                              ["autoregressive", "speculative"], [4]))]
         hf_methods = ["hf_plain", "hf_assisted", "hf_static"]
     else:
-        target = os.path.join(args.models_dir, "target-8b")
-        draft = os.path.join(args.models_dir, "draft-1b")
         t0 = time.perf_counter()
-        make_random_llama(torch, target, SHAPES["target-8b"])
-        make_random_llama(torch, draft, SHAPES["draft-1b"])
+        if args.case == "gemma4b":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import sliding_shapes
+            sliding_shapes.make(args.sliding_dir, ["gemma3-4b", "gemma3-270m"])
+            target = os.path.join(args.sliding_dir, "gemma3-4b")
+            draft = os.path.join(args.sliding_dir, "gemma3-270m")
+        else:
+            target = os.path.join(args.models_dir, "target-8b")
+            draft = os.path.join(args.models_dir, "draft-1b")
+            make_random_llama(torch, target, SHAPES["target-8b"])
+            make_random_llama(torch, draft, SHAPES["draft-1b"])
         print(f"random checkpoints ready in {time.perf_counter() - t0:.0f} s", flush=True)
         drafters = {f"oracle{int(a * 100)}": {"kind": "oracle", "alpha": a, "path": draft}
                     for a in args.alphas}
@@ -410,7 +422,7 @@ def summarize(args, torch, prompts, ids, target, draft, rounds):
         "prompt_tokens": [len(p) for p in ids],
         "command": "python3 scripts/bench_gpu.py " + " ".join(sys.argv[1:]),
     }
-    if args.case == "llama8b":
+    if args.case in ("llama8b", "gemma4b"):
         info["target_bytes"], info["draft_bytes"] = model_bytes(target), model_bytes(draft)
         info["copy_tb_s"] = copy_bandwidth(torch)
         info["bound_tok_s"] = info["copy_tb_s"] * 1e12 / info["target_bytes"]

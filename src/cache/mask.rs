@@ -119,6 +119,22 @@ impl Mask {
         }
     }
 
+    /// `Some((end, held_lo, window))` when the keys are a full ring of sliding-window slots,
+    /// the queries are its newest positions (`[end - t, end)`) and there is no tree or tail:
+    /// a kernel can then tell which slots a query sees from positions alone (slot `s` holds
+    /// the newest position `≡ s` modulo the ring's length; query `p` sees positions in
+    /// `(p - window, p]` from `held_lo` on). `None` for anything else.
+    pub fn ring_suffix(&self) -> Option<(usize, usize, usize)> {
+        match (self.keys, &self.tail, &self.tree, self.window) {
+            (KeyOrder::Ring { last }, None, None, Some(window))
+                if self.q_end == last + 1 && self.q_start < self.q_end =>
+            {
+                Some((self.q_end, self.held_lo, window))
+            }
+            _ => None,
+        }
+    }
+
     /// `[q_len, kv_len]` (tail included).
     pub fn shape(&self) -> (usize, usize) {
         let tail = self.tail.map_or(0, |(_, n)| n);

@@ -281,24 +281,25 @@ impl ModelCache {
             .ok_or_else(|| CacheError::BadInput(format!("layer {i} of {n}")).into())
     }
 
-    /// For a forward that writes K/V itself (a replayed CUDA graph): when every layer is an
-    /// unbounded KV cache with a buffer and no tree is open, makes room for `t` more tokens
-    /// and returns each layer's whole buffers `[b, h, capacity, d]` and allocation id; the
-    /// forward writes slots `[offset, offset + t)` and the caller then calls
-    /// [`Self::advance`]. `None` otherwise (the forward takes the ordinary path).
+    /// For a forward that writes K/V itself (a replayed CUDA graph): when every layer can
+    /// take a step of `t` tokens in place (an unbounded KV cache with a buffer, or a ring of
+    /// the slack strategy: see [`KvCache::reserve`], [`RotatingKvCache::reserve`]) and no tree
+    /// is open, makes room for them and returns each layer's whole buffers
+    /// `[b, h, capacity, d]` and allocation id; the forward writes positions
+    /// `[offset, offset + t)` (a KV cache's slots of the same index, a ring's modulo its
+    /// capacity) and the caller then calls [`Self::advance`]. `None` otherwise (the forward
+    /// takes the ordinary path).
     pub fn reserve_in_place(&mut self, t: usize) -> Result<Option<Vec<(Tensor, Tensor, u64)>>> {
         if self.poisoned {
             return Err(CacheError::Poisoned.into());
         }
-        if !self.layers.iter().all(|l| matches!(l, LayerCache::Kv(_))) {
-            return Ok(None);
-        }
         let mut out = Vec::with_capacity(self.layers.len());
         for layer in &mut self.layers {
-            let LayerCache::Kv(c) = layer else {
-                return Ok(None);
+            let bufs = match layer {
+                LayerCache::Kv(c) => c.reserve(t)?,
+                LayerCache::Rotating(c) => c.reserve(t)?,
             };
-            match c.reserve(t)? {
+            match bufs {
                 Some(bufs) => out.push(bufs),
                 None => return Ok(None),
             }
@@ -309,8 +310,9 @@ impl ModelCache {
     /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made.
     pub fn advance(&mut self, t: usize) {
         for layer in &mut self.layers {
-            if let LayerCache::Kv(c) = layer {
-                c.advance(t);
+            match layer {
+                LayerCache::Kv(c) => c.advance(t),
+                LayerCache::Rotating(c) => c.advance(t),
             }
         }
     }

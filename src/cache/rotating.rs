@@ -172,6 +172,34 @@ impl RotatingKvCache {
         pos.saturating_sub(self.window - 1)
     }
 
+    /// For a forward that writes K/V into the ring itself (a replayed CUDA graph): the ring's
+    /// buffers `[b, h, capacity, d]` and allocation id when a step of `t` tokens can write
+    /// positions `[offset, offset + t)` into slots `p % capacity` and attend over the ring in
+    /// place, every position its queries see intact; the caller then calls
+    /// [`Self::advance`]. `None` sends the step down the ordinary path (which also reports
+    /// what is wrong): the staged strategy (its speculative K/V live beside the ring), a
+    /// tree, no ring yet, a block too long for the ring or the open speculation, or stale
+    /// positions inside the window.
+    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<(Tensor, Tensor, u64)>> {
+        if self.strategy == RotatingStrategy::Staged || t == 0 {
+            return Ok(None);
+        }
+        if let Some(spec) = &self.spec {
+            if spec.tree.is_some() || self.offset + t - spec.base > self.max_speculative() {
+                return Ok(None);
+            }
+        }
+        if t + self.window - 1 > self.capacity || self.lo > self.needed_from(self.offset) {
+            return Ok(None);
+        }
+        Ok(self.ring.as_ref().map(|r| (r.k.clone(), r.v.clone(), r.id)))
+    }
+
+    /// Counts `t` tokens written into the ring by a step [`Self::reserve`] allowed.
+    pub(crate) fn advance(&mut self, t: usize) {
+        self.offset += t;
+    }
+
     /// Appends `k`/`v` (`[b, h, q, d]`) and returns what the `q` new queries attend over with
     /// the sliding-window mask in the same order (ring order for short updates, logical order
     /// for long ones and staged speculation).

@@ -71,6 +71,11 @@ pub struct EngineOptions {
     pub attn_rows_heads: usize,
     /// Keys from which the split attention runs eight warps a block (default 0: always).
     pub attn_wide_min_len: usize,
+    /// Sliding-window layers attend over their ring where it lies (the split kernel, the
+    /// window applied from positions) and slack-strategy rings take part in recorded graph
+    /// steps (default on; off: a masked product over the ring, and no graph steps for models
+    /// with sliding-window layers).
+    pub ring_in_place: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -93,6 +98,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     attn_grouped_rows_min_len: 512,
     attn_rows_heads: 2,
     attn_wide_min_len: 0,
+    ring_in_place: true,
 };
 
 impl Default for EngineOptions {
@@ -202,8 +208,9 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 18);
+        assert_eq!(keys.len(), 19);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
+        assert!(keys.iter().any(|k| k == "ring_in_place"));
     }
 }

@@ -186,11 +186,15 @@ impl Attention {
     }
 
     /// The forward of a replayable CUDA graph step: like [`Self::forward`] for the `t`
-    /// newest positions of a full-attention layer, but the position comes from the device
-    /// (`len: [1]` u32, the cache length after the step) and the K/V are written straight
-    /// into the cache buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room
-    /// and does the cache's bookkeeping). `reach`: the most keys any step replaying this one
-    /// leaves in the cache (`cuda::split_reach`). `prefetch`: the gate/up weight of the MLP
+    /// newest positions, but the position comes from the device (`len: [1]` u32, the
+    /// sequence length after the step) and the K/V are written straight into the cache
+    /// buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room and does the
+    /// cache's bookkeeping). `reach`: the most keys any step replaying this one leaves in
+    /// the cache (`cuda::split_reach`). `ring`: the buffers are a sliding-window ring
+    /// (position `p` in slot `p % capacity`) of this `(window, positions)`, `positions` the
+    /// sequence length after the step on the host (the RoPE table covers it; a longer
+    /// table is another recording), attended in place; it needs the fused RoPE (an error
+    /// otherwise). `prefetch`: the gate/up weight of the MLP
     /// after this attention, whose first rows RoPE's kernel prefetches into the L2 (the
     /// engine option `l2_prefetch_mb`). With the engine option `fused_rope` the split
     /// attention kernel rotates q and stores the step's K/V itself; off, RoPE's own kernel
@@ -199,14 +203,21 @@ impl Attention {
     pub(crate) fn forward_in_place(
         &self,
         input: AttnInput,
-        k_buf: &Tensor,
-        v_buf: &Tensor,
+        (k_buf, v_buf): (&Tensor, &Tensor),
         (len, reach): (&Tensor, usize),
+        ring: Option<(usize, usize)>,
         prefetch: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (q, k, v) = self.project(input)?;
         let capacity = k_buf.dim(2)?;
-        let (cos, sin) = self.rope.table(capacity)?;
+        let (cos, sin) = self
+            .rope
+            .table(ring.map_or(capacity, |(_, positions)| positions))?;
+        if ring.is_some() && !super::cuda::fused_rope() {
+            return Err(crate::error::Error::invalid(
+                "a ring's in-place step needs the fused RoPE (engine option fused_rope)",
+            ));
+        }
         let (q, rope) = if super::cuda::fused_rope() {
             // The attention kernel rotates q and stores the step's K/V itself.
             let rope = super::cuda::AttnRope {
@@ -230,10 +241,11 @@ impl Attention {
             (q, None)
         };
         let op = super::cuda::SplitAttention {
-            window: None,
+            window: ring.map(|(window, _)| window),
             softcap: self.softcap,
             len: Some((len.clone(), capacity, reach)),
             rope,
+            ring: ring.map(|_| super::cuda::RingKeys { end: 0, lo: 0 }),
         };
         let out = super::fused::made(q.apply_op3_no_bwd(k_buf, v_buf, &op)?); // [t, heads * d]
         self.output(&out, input)
@@ -253,6 +265,12 @@ impl Attention {
             None => attend.mask.causal_suffix(),
             Some(_) => None,
         };
+        if let Some(ring) = attend.mask.ring_suffix().filter(|_| t <= SPLIT_MAX_ROWS) {
+            let kv = (&attend.k, &attend.v);
+            if let Some(out) = fused::ring_attention(q, kv, ring, self.softcap)? {
+                return Ok(out);
+            }
+        }
         if let Some(window) = suffix {
             if let Some(out) = suffix_kernel(q, &attend.k, &attend.v, window, self.softcap)? {
                 return Ok(out);

@@ -23,10 +23,38 @@ pub fn split_attention(
             softcap,
             len: None,
             rope: None,
+            ring: None,
         };
         return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }
     let _ = (q, k, v, window, softcap);
+    Ok(None)
+}
+
+/// Attention of the newest `t` queries `q: [1, h, t, d]` (positions `end - t ..= end - 1`)
+/// over a sliding-window ring `k`, `v: [1, kv, capacity, d]` read in place (position `p` in
+/// slot `p % capacity`; positions below `lo` stale), each query seeing the `window`
+/// positions up to its own, as `[t, h * d]`: the split kernel with the visibility computed
+/// from positions (no mask, no copy of the ring). `None` off CUDA or for shapes it does not
+/// cover.
+pub fn ring_attention(
+    q: &Tensor,
+    (k, v): (&Tensor, &Tensor),
+    (end, lo, window): (usize, usize, usize),
+    softcap: Option<f64>,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if crate::engine::get().ring_in_place && super::cuda::split_attention_applies(q, k) {
+        let op = super::cuda::SplitAttention {
+            window: Some(window),
+            softcap,
+            len: None,
+            rope: None,
+            ring: Some(super::cuda::RingKeys { end, lo }),
+        };
+        return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
+    }
+    let _ = (q, k, v, end, lo, window, softcap);
     Ok(None)
 }
 

@@ -242,9 +242,11 @@ impl Decoder {
 
     /// A step of at most [`GRAPH_MAX_ROWS`] tokens (a decode step, a verification block) as
     /// a replayed CUDA graph (recorded on first use per block length for the cache's
-    /// buffers), when graphs are on, the model runs on CUDA and every layer is a full-
-    /// attention KV cache with room reserved in place; `None` sends the caller down the
-    /// ordinary path. The cache advances by the step on success.
+    /// buffers), when graphs are on, the model runs on CUDA and every layer's cache takes
+    /// the step in place (`ModelCache::reserve_in_place`: full-attention KV caches, and the
+    /// rings of sliding-window layers under the slack strategy, attended where they lie);
+    /// `None` sends the caller down the ordinary path. The cache advances by the step on
+    /// success.
     #[cfg(feature = "cuda")]
     fn forward_graphed(
         &self,
@@ -277,22 +279,39 @@ impl Decoder {
         if self.lm_head.is_quantized() || self.blocks.iter().any(|b| b.attn.is_quantized()) {
             return Ok(None);
         }
+        // A ring's step writes its K/V from the attention kernel (fused RoPE), modulo the ring.
+        let rings = self
+            .kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Sliding { .. }));
+        let options = crate::engine::get();
+        if rings && !(options.fused_rope && options.ring_in_place) {
+            return Ok(None);
+        }
         let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
             return Ok(None);
         };
-        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
-        let Some(capacity) = bufs.first().map(|b| b.0.dim(2)).transpose()? else {
-            return Ok(None);
-        };
-        for block in &self.blocks {
-            let (cos, _) = block.attn.rope_table(capacity)?;
-            key.push(cos.dim(0)? as u64);
-        }
         let len = (cache.offset() + tokens.len()) as u32;
-        // The attention's reach: a recording serves the steps of one reach (its kernels
-        // launch blocks for the keys below it only).
-        let reach = super::cuda::split_reach(capacity, len as usize);
-        key.push(reach as u64);
+        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        // Per layer: the attention's reach (a recording serves the steps of one reach: its
+        // kernels launch blocks for the keys below it only; a ring's is all its slots) and a
+        // ring's window and the positions its RoPE table must cover.
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for ((block, kind), (k, _, _)) in self.blocks.iter().zip(&self.kinds).zip(&bufs) {
+            let capacity = k.dim(2)?;
+            let (reach, ring, positions) = match *kind {
+                LayerKind::Full => (
+                    super::cuda::split_reach(capacity, len as usize),
+                    None,
+                    capacity,
+                ),
+                LayerKind::Sliding { window } => (capacity, Some(window), len as usize),
+            };
+            let (cos, _) = block.attn.rope_table(positions)?;
+            key.push(cos.dim(0)? as u64);
+            key.push(reach as u64);
+            layers.push((reach, ring.map(|w| (w, positions))));
+        }
         // One recording per block length and output kind.
         let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
         let logits = self
@@ -303,10 +322,11 @@ impl Decoder {
                     x = (x * scale)?;
                 }
                 let mut input = Input::Embedded(x);
-                for ((block, (k, v, _)), gate_up) in self.blocks.iter().zip(&bufs).zip(&gate_ups) {
+                let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
+                for (((block, (k, v, _)), gate_up), (reach, ring)) in per_layer {
                     let gate_up = *gate_up;
                     input = block.forward_with(input, |attn, input| {
-                        attn.forward_in_place(input, k, v, (len, reach), Some(gate_up))
+                        attn.forward_in_place(input, (k, v), (len, *reach), *ring, Some(gate_up))
                     })?;
                 }
                 self.head(input, last && t > 1, !greedy)

@@ -82,8 +82,24 @@ pub struct SplitAttention {
     pub len: Option<(Tensor, usize, usize)>,
     /// RoPE and the K/V store fused in (with `len` only): `q` is then the projection's output
     /// before RoPE, and the kernel writes the step's keys (rotated) and values into the cache
-    /// buffers `k`, `v` at slots `len - t ..= len - 1` before it reads them.
+    /// buffers `k`, `v` at slots `len - t ..= len - 1` (a ring's: modulo its slots) before it
+    /// reads them.
     pub rope: Option<AttnRope>,
+    /// `k`, `v` are a ring (a sliding-window cache read in place, wrapped or not): slot `s`
+    /// of their `capacity` holds the newest position `≡ s (mod capacity)`; `len` then counts
+    /// positions, not slots.
+    pub ring: Option<RingKeys>,
+}
+
+/// Where [`SplitAttention`]'s queries sit over a ring of `capacity` slots (`k`'s length): the
+/// query of row `i` of `t` is position `end - t + i` and sees the positions in
+/// `(end - t + i - window, end - t + i]` from `lo` on. The window must leave a slot between
+/// the oldest position a row sees and the newest written (`window + t - 1 ≤ capacity`).
+pub struct RingKeys {
+    /// One past the newest position, when [`SplitAttention::len`] does not give it.
+    pub end: usize,
+    /// The oldest position held intact.
+    pub lo: usize,
 }
 
 /// What [`SplitAttention`] needs to do [`RopeStore`]'s work itself: one kernel a layer
@@ -271,6 +287,20 @@ impl SplitAttention {
             kv_head,
         } = qkv_shape("split attention", ql, kl, vl)?;
         let group = heads / kv_heads;
+        // A ring's positions (the kernel's `len`) run past its slots.
+        let (len_arg, ring) = match &self.ring {
+            Some(r) => {
+                let window = self.window.unwrap_or(usize::MAX);
+                if window.saturating_add(t - 1) > len || (self.len.is_none() && r.end < t) {
+                    candle_core::bail!(
+                        "split attention: {t} rows of window {window} over a ring of {len} slots ending at {}",
+                        r.end
+                    );
+                }
+                (r.end, (len as i32, r.lo as i32))
+            }
+            None => (len, (0, 0)),
+        };
         // The engine options, read once for the launch.
         let o = crate::engine::get();
         // The capacity (split boundaries, buffers) and the keys any step of this launch
@@ -299,6 +329,7 @@ impl SplitAttention {
         };
         // The row's splits as one cluster (no partial sums in global memory).
         let cluster = !fused.is_empty()
+            && self.ring.is_none()
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
             && clusters(&o, dev);
@@ -367,7 +398,7 @@ impl SplitAttention {
             Some(s) => l.ptr(s),
             None => l.null(),
         };
-        l.val(len as u32)
+        l.val(len_arg as u32)
             .val(t as i32)
             .val(heads as i32)
             .val(group as i32);
@@ -375,6 +406,7 @@ impl SplitAttention {
         l.val(split_len as i32).val(splits as i32);
         l.val(self.window.unwrap_or(0) as i32);
         l.val(self.softcap.unwrap_or(0.0) as f32);
+        l.val(ring.0).val(ring.1);
         let rope_guards = self.rope.as_ref().map(|r| {
             [
                 r.k.storage_and_layout(),
@@ -399,7 +431,7 @@ impl SplitAttention {
                 && (tv, kvv, dv) == (t, kv_heads, d)
                 && r.cos.dims() == r.sin.dims()
                 && r.cos.dims().len() == 2
-                && r.cos.dim(0)? >= max_len
+                && (self.ring.is_some() || r.cos.dim(0)? >= max_len)
                 && r.cos.dim(1)? * 2 == d
                 && r.cos.is_contiguous()
                 && r.sin.is_contiguous();
@@ -429,8 +461,9 @@ impl SplitAttention {
         // SAFETY: the argument list matches `attn_split` in attn_split.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
         // (row, head) < ATTN_COUNTERS; with RoPE fused, the slots written (through the same
-        // pointers `k`, `v`) lie below `len` ≤ `max_len`, the caller's room in the cache
-        // buffers, and the tables cover them; the prefetched ranges lie inside the weight's
+        // pointers `k`, `v`) lie below `len` ≤ `max_len` (a ring's: modulo its slots), the
+        // caller's room in the cache buffers, and the tables cover them (a ring's caller
+        // builds them for the step's positions); the prefetched ranges lie inside the weight's
         // two halves.
         unsafe { l.run(cfg) }?;
         // The partial sums are scratch: freed here, after the launch (stream order), except

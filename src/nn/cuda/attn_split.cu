@@ -14,7 +14,8 @@ __device__ unsigned int attn_done[ATTN_COUNTERS];
 constexpr int MAX_SPLITS = 512;
 
 // Combines the n splits' partial results of nh ≤ HB heads at once: head h's split s is
-// p[h * head_stride + s * (D + 2) ...] = (m, l, acc[D]), and its output
+// p[h * head_stride + at(s) * (D + 2) ...] = (m, l, acc[D]) with at(s) = first + s, less
+// `splits` past the last split (a ring's visible splits wrap), and its output
 // out[h * D + e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s.
 // Warp h takes head h's scalars (one round of independent loads for the m's, one for the l's,
 // the weights staged in shared memory); then every thread sums its (head, dimension) items
@@ -24,8 +25,11 @@ constexpr int MAX_SPLITS = 512;
 // alone (sums in split order), so a row's result does not depend on its neighbours. Reads
 // through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
 template <typename T, int D, int HB, int W>
-__device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int n,
-                             T *__restrict__ out) {
+__device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int first,
+                             int n, int splits, T *__restrict__ out) {
+  const auto at = [&](int s) {
+    return (long)(first + s >= splits ? first + s - splits : first + s) * (D + 2);
+  };
   static_assert(HB <= W, "one warp per head's scalars");
   __shared__ float weight[HB][MAX_SPLITS];
   __shared__ float total[HB];
@@ -34,7 +38,7 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
     const float *ph = p + warp * head_stride;
     float m = -INFINITY;
     for (int s = lane; s < n; s += 32) {
-      const float ms = __ldcg(ph + (long)s * (D + 2));
+      const float ms = __ldcg(ph + at(s));
       weight[warp][s] = ms;
       m = fmaxf(m, ms);
     }
@@ -45,7 +49,7 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
       const float ms = weight[warp][s];
       const float wgt = ms > -INFINITY ? __expf(ms - m) : 0.f;
       weight[warp][s] = wgt;
-      l += __ldcg(ph + (long)s * (D + 2) + 1) * wgt;
+      l += __ldcg(ph + at(s) + 1) * wgt;
     }
     l = warp_sum(l);
     if (lane == 0) total[warp] = l;
@@ -63,7 +67,7 @@ __device__ void attn_combine(const float *__restrict__ p, long head_stride, int 
       for (int it = 0; it < ITEMS; ++it) {
         const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
         if (s < n && h < nh)
-          a[it] += __ldcg(p + h * head_stride + (long)s * (D + 2) + 2 + e) * weight[h][s];
+          a[it] += __ldcg(p + h * head_stride + at(s) + 2 + e) * weight[h][s];
       }
     }
   }
@@ -192,7 +196,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
-                           float softcap, const FusedRope<T> rope) {
+                           float softcap, int ring, int ring_lo, const FusedRope<T> rope) {
   constexpr int D = 32 * E;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
@@ -205,8 +209,21 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // The splits holding a key this query sees: [first_split, end_split). This block takes
   // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
   // (a graph's splits span the cache's capacity) leaves at once.
-  const int first_split = window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
-  const int end_split = min(qpos / split_len + 1, splits);
+  //
+  // Ring (`ring` > 0: k and v are a ring of `ring` slots, position p in slot p % ring): the
+  // query sees positions [vis, qpos], vis = max(qpos + 1 - window, ring_lo, 0), which lie in
+  // the slots from vslot = vis % ring on, vn of them, wrapping past the last slot. Splits are
+  // runs of slots; [first_split, end_split) counts on past the last split (split s is then
+  // s - splits) and covers each split once (the one holding both ends of a wrapped run too).
+  const int vis = ring > 0 ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
+  const int vslot = ring > 0 ? vis % ring : 0, vn = qpos + 1 - vis;
+  const int first_split =
+      ring > 0 ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+  const int end_split =
+      ring > 0 ? min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
+                                        : splits + (vslot + vn - 1 - ring) / split_len + 1,
+                     first_split + splits)
+               : min(qpos / split_len + 1, splits);
   const int z = blockIdx.z, zs = gridDim.z;
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   // CL: the row's splits are one cluster's blocks (gridDim.z = splits ≤ CL_MAX, one split a
@@ -234,7 +251,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // read the same bytes.
   constexpr int PF_SPLITS = 4;
   if (end_split - first_split <= PF_SPLITS) {
-    const int a = start * split_len, b = min((start + 1) * split_len, len - t);
+    const int s0 = start >= splits ? start - splits : start;
+    const int a = s0 * split_len,
+              b = ring > 0 ? min(a + split_len, ring) : min((start + 1) * split_len, len - t);
     constexpr int LINES = D * sizeof(T) >= 128 ? D * sizeof(T) / 128 : 1;  // 128-byte lines a row
     const T *kr = k + blockIdx.y * kv_head_stride, *vr = v + blockIdx.y * kv_head_stride;
     for (int i = threadIdx.x; i < (b - a) * LINES; i += blockDim.x) {
@@ -270,7 +289,10 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       }
       sq[h][e] = x;
     }
-    const int p = fresh + i / HALF, f = i % HALF, split = p / split_len;
+    const int p = fresh + i / HALF, f = i % HALF;
+    const int slot = ring > 0 ? p % ring : p, ps = slot / split_len;
+    // The split's place in [first_split, end_split) (a ring's count on past the last).
+    const int split = ps < first_split ? ps + splits : ps;
     const bool visible = window <= 0 || p > qpos - window;
     if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
       const int n = p - fresh;
@@ -278,11 +300,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const float sn = to_f32(rope.sin[(long)p * HALF + f]);
       const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
       const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
-      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)p * D;
+      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)slot * D;
       o[f] = from_f32<T>(x1 * c - x2 * sn);
       o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
       const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
-      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)p * D;
+      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)slot * D;
       w[f] = vn[f];
       w[f + HALF] = vn[f + HALF];
     }
@@ -294,10 +316,12 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // CL: this block's split result, read by the combining block of the cluster.
   __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
   int mine = 0;  // splits this block wrote
-  for (int split = start; split < end_split; split += zs, ++mine) {
-    const int hi = min(qpos + 1, (split + 1) * split_len);
+  for (int vs = start; vs < end_split; vs += zs, ++mine) {
+    const int split = vs >= splits ? vs - splits : vs;
+    // Keys [lo, hi) of the split; a ring's are the visible slots among them.
+    const int hi = ring > 0 ? min(ring, (split + 1) * split_len) : min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
-    if (window > 0) lo = max(lo, qpos + 1 - window);
+    if (window > 0 && ring == 0) lo = max(lo, qpos + 1 - window);
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
@@ -308,7 +332,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     }
     for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
-      const bool live = j >= lo && j < hi;
+      const bool live =
+          j >= lo && j < hi && (ring == 0 || (j - vslot + ring) % ring < vn);
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
       // Value rows in batches of VB independent loads, each batch one round trip to memory
       // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
@@ -465,8 +490,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   if (!last) return;
   __threadfence();
   const int rh = row * heads + h0;
-  attn_combine<T, D, HB, W>(part + ((long)rh * splits + first_split) * (D + 2),
-                         (long)splits * (D + 2), nh, end_split - first_split, y + (long)rh * D);
+  attn_combine<T, D, HB, W>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2), nh,
+                            first_split, end_split - first_split, splits, y + (long)rh * D);
 }
 
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
@@ -477,22 +502,23 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap) {                                                                    \
+           float softcap, int ring, int ring_lo) {                                             \
     attn_split<T, E, HB, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
-                                splits, window, softcap, FusedRope<T>{});                     \
+                                splits, window, softcap, ring, ring_lo, FusedRope<T>{});      \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
                   const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
                   long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
-                  int splits, int window, float softcap, const T *k_new, long k_row,          \
+                  int splits, int window, float softcap, int ring, int ring_lo,               \
+                  const T *k_new, long k_row,                                                 \
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
-                               splits, window, softcap,                                       \
+                               splits, window, softcap, ring, ring_lo,                        \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
   }
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
@@ -507,13 +533,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap, const T *k_new, long k_row, const T *v_new, long v_row,            \
+           float softcap, int ring, int ring_lo, const T *k_new, long k_row,                 \
+           const T *v_new, long v_row,                                                        \
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
            const char *pf1, long pf1_n) {                                                     \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, 8, true, HV, CL>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, \
                                           q_head_stride, q_row_stride, kv_head_stride,        \
-                                          split_len, splits, window, softcap,                 \
+                                          split_len, splits, window, softcap, ring, ring_lo,  \
                                           FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
                                                        kw, vw});                              \
   }

@@ -195,16 +195,19 @@ unsafe fn accumulate<const N: usize, const T: usize>(
 unsafe fn block<const N: usize, const T: usize>(x: &[f32], w: &[f32], y: &mut [f32], at: Block) {
     // SAFETY: AVX-512F is enabled; bounds are the caller's contract.
     let acc = unsafe { accumulate::<N, T>(x, w, at) };
-    for b in 0..T {
-        // One token's N accumulators together, padded with zeros to eight ([`hsum8`] sums
-        // each accumulator on its own, so the padding does not touch the first N sums).
-        let sums = hsum8(std::array::from_fn(|r| {
+    // One token's N accumulators together, padded with zeros to eight ([`hsum8`] sums each
+    // accumulator on its own, so the padding does not touch the first N sums).
+    let by_token: [[__m512; 8]; T] = std::array::from_fn(|b| {
+        std::array::from_fn(|r| {
             if r < N {
                 acc[r][b]
             } else {
                 _mm512_setzero_ps()
             }
-        }));
+        })
+    });
+    for (b, acc) in by_token.into_iter().enumerate() {
+        let sums = hsum8(acc);
         let at_y = (at.i0 + b) * at.stride + at.j0;
         y[at_y..at_y + N].copy_from_slice(&sums[..N]);
     }
