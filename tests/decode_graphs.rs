@@ -188,9 +188,14 @@ fn graph_steps_equal_ordinary_steps() {
         }
         let (without, without_rows) = run(false);
         set_cuda_graphs(true);
-        for (a, b) in with_rows.iter().zip(&without_rows) {
+        for (i, (a, b)) in with_rows.iter().zip(&without_rows).enumerate() {
             let err = rel_err(a, b, MIN_SCALE);
-            assert!(err <= tolerance(), "{name}: graph step differs by {err}");
+            assert!(
+                err <= tolerance(),
+                "{name}: compared logits {i} (of {}, shape {:?}) differ by {err}",
+                with_rows.len(),
+                a.dims()
+            );
         }
         if tolerance() == TOL {
             assert_eq!(with, without, "{name}: argmax after each step differs");

@@ -36,13 +36,14 @@ pub fn shipped_on_cpu(name: &str) -> Model {
     load_on_cpu(&repo_path("models").join(name))
 }
 
-/// A Gemma 3 text checkpoint with random N(0, 0.02) f32 weights (norm weights N(0, 0.1)
-/// around Gemma's `1 + w`) written to `dir`: the `tests/fixtures/hf/gemma3` config (five
+/// A Gemma 3 text checkpoint with seeded random f32 weights (standard deviation 0.02; norm
+/// weights 0.1 around Gemma's `1 + w`) written to `dir`: the `tests/fixtures/hf/gemma3` config (five
 /// sliding-window layers, then a global one) with `head_dim`, `sliding_window` and
 /// `max_position_embeddings` set here. For kernels whose head widths the fixture's 24 does not
 /// meet (the CUDA split attention takes 32, 64, 128, 256).
 pub fn random_gemma3(dir: &Path, head_dim: usize, window: usize, max_positions: usize) {
     use candle_core::{DType, Device, Tensor};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
     let fixture = repo_path("tests/fixtures/hf/gemma3/config.json");
     let text = std::fs::read_to_string(&fixture).expect("gemma3 fixture config");
     let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
@@ -61,41 +62,54 @@ pub fn random_gemma3(dir: &Path, head_dim: usize, window: usize, max_positions: 
         get("num_key_value_heads"),
         get("num_hidden_layers"),
     );
-    let dev = Device::Cpu;
-    let rnd = |shape: &[usize], std: f64| {
-        Tensor::randn(0f32, 1.0, shape, &dev)
-            .and_then(|t| t * std)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .expect("random tensor")
-    };
+    // Uniform weights of the given standard deviation from a seeded generator: the same
+    // checkpoint on every run.
+    let mut rng = StdRng::seed_from_u64(0x9e37_79b9);
     let mut tensors = std::collections::HashMap::new();
-    tensors.insert(
-        "model.embed_tokens.weight".to_string(),
-        rnd(&[vocab, hidden], 0.02),
-    );
-    tensors.insert("model.norm.weight".to_string(), rnd(&[hidden], 0.1));
+    let mut put = |name: String, shape: &[usize], std: f64| {
+        let a = (3.0f64).sqrt() * std;
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a) as f32).collect();
+        let t = Tensor::from_vec(v, shape, &Device::Cpu).expect("random tensor");
+        tensors.insert(name, t.to_dtype(DType::F32).expect("f32"));
+    };
+    put("model.embed_tokens.weight".into(), &[vocab, hidden], 0.02);
+    put("model.norm.weight".into(), &[hidden], 0.1);
     for i in 0..layers {
         let p = format!("model.layers.{i}.");
-        let mut put = |name: &str, shape: &[usize], std: f64| {
-            tensors.insert(format!("{p}{name}"), rnd(shape, std));
-        };
         for norm in [
             "input_layernorm",
             "post_attention_layernorm",
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ] {
-            put(&format!("{norm}.weight"), &[hidden], 0.1);
+            put(format!("{p}{norm}.weight"), &[hidden], 0.1);
         }
-        put("self_attn.q_proj.weight", &[heads * head_dim, hidden], 0.02);
-        put("self_attn.k_proj.weight", &[kv * head_dim, hidden], 0.02);
-        put("self_attn.v_proj.weight", &[kv * head_dim, hidden], 0.02);
-        put("self_attn.o_proj.weight", &[hidden, heads * head_dim], 0.02);
-        put("self_attn.q_norm.weight", &[head_dim], 0.1);
-        put("self_attn.k_norm.weight", &[head_dim], 0.1);
-        put("mlp.gate_proj.weight", &[inter, hidden], 0.02);
-        put("mlp.up_proj.weight", &[inter, hidden], 0.02);
-        put("mlp.down_proj.weight", &[hidden, inter], 0.02);
+        put(
+            format!("{p}self_attn.q_proj.weight"),
+            &[heads * head_dim, hidden],
+            0.02,
+        );
+        put(
+            format!("{p}self_attn.k_proj.weight"),
+            &[kv * head_dim, hidden],
+            0.02,
+        );
+        put(
+            format!("{p}self_attn.v_proj.weight"),
+            &[kv * head_dim, hidden],
+            0.02,
+        );
+        put(
+            format!("{p}self_attn.o_proj.weight"),
+            &[hidden, heads * head_dim],
+            0.02,
+        );
+        put(format!("{p}self_attn.q_norm.weight"), &[head_dim], 0.1);
+        put(format!("{p}self_attn.k_norm.weight"), &[head_dim], 0.1);
+        put(format!("{p}mlp.gate_proj.weight"), &[inter, hidden], 0.02);
+        put(format!("{p}mlp.up_proj.weight"), &[inter, hidden], 0.02);
+        put(format!("{p}mlp.down_proj.weight"), &[hidden, inter], 0.02);
     }
     std::fs::create_dir_all(dir).expect("checkpoint dir");
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).expect("weights");
