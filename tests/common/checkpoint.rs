@@ -63,8 +63,12 @@ pub fn random_gemma3(dir: &Path, head_dim: usize, window: usize, max_positions: 
         get("num_hidden_layers"),
     );
     // Uniform weights of the given standard deviation from a seeded generator: the same
-    // checkpoint on every run.
-    let mut rng = StdRng::seed_from_u64(0x9e37_79b9);
+    // checkpoint on every run (`SPECDEC_TEST_WEIGHT_SEED` picks another draw).
+    let seed = std::env::var("SPECDEC_TEST_WEIGHT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x9e37_79b9);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut tensors = std::collections::HashMap::new();
     let mut put = |name: String, shape: &[usize], std: f64| {
         let a = (3.0f64).sqrt() * std;
