@@ -8,9 +8,10 @@
 //! read back and uploaded; the chain's and a verification block's argmaxes taken inside the
 //! step by `forward_argmax` equal to those of their logits), with graphs on (every seventh decode step on the ordinary path
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
-//! shipped draft (full attention), the shipped target (sliding-window layers: rings of the
-//! slack strategy, wrapped after 73 positions, attended in place) and a random Gemma 3 of
-//! head width 32 (five ring layers and a full-attention one in each step). On the CPU both
+//! shipped draft (full attention), the shipped target (sliding-window layers: rings attended
+//! in place, wrapped many times; slack strategy, and staged, whose steps inside a speculation
+//! take the ordinary path) and a random Gemma 3 of head width 32 (five ring layers and a
+//! full-attention one in each step; both strategies). On the CPU both
 //! runs take the ordinary path; the GPU pass runs the comparison for real. Then a short
 //! prompt's greedy steps on a fresh cache and on a reused one, bit for bit.
 //!
@@ -21,8 +22,9 @@ mod common;
 
 use candle_core::Tensor;
 use common::checkpoint::{load, random_gemma3, shipped};
-use common::decode::{argmax_rows, cache, tokens, tolerance, MIN_SCALE, TOL};
+use common::decode::{argmax_rows, tokens, tolerance, MIN_SCALE, TOL};
 use common::host::rel_err;
+use specdec::cache::RotatingStrategy;
 use specdec::nn::{DeviceTokens, StepIds};
 
 /// Turns graph replay of short CUDA steps on or off (the engine option `cuda_graphs`).
@@ -51,111 +53,125 @@ fn graph_steps_equal_ordinary_steps() {
     specdec::nn::count_graph_censuses(true);
     let gemma = tempfile::tempdir().expect("temp dir");
     random_gemma3(gemma.path(), 32, 16, 1024);
-    for name in ["draft", "target", "gemma3"] {
+    // The rings under both strategies: the staged strategy's one-token steps outside a
+    // speculation are recorded too (inside one its K/V go beside the ring: ordinary path).
+    let (slack, staged) = (
+        RotatingStrategy::Slack { max_draft: 8 },
+        RotatingStrategy::Staged,
+    );
+    let cases = [
+        ("draft", slack),
+        ("target", slack),
+        ("target", staged),
+        ("gemma3", slack),
+        ("gemma3", staged),
+    ];
+    for (name, strategy) in cases {
         let model = match name {
             "gemma3" => load(gemma.path()),
             _ => shipped(name),
         };
+        let label = format!("{name}, {strategy:?}");
+        let cache = |model: &specdec::models::Model| model.new_cache(strategy).unwrap();
         let vocab = model.info().vocab_size;
         let prompt = tokens(200, vocab, 4);
         // 300 steps (across a cache growth at 256 slots) fed the same tokens in both runs —
         // the greedy continuation of the first run — so the runs compare the same histories
         // even where low-precision rounding would flip a near-tie.
         let forced = tokens(300, vocab, 5);
-        let run =
-            |graphs: bool| -> (Vec<u32>, Vec<Tensor>, u32) {
+        let run = |graphs: bool| -> (Vec<u32>, Vec<Tensor>, u32) {
+            set_cuda_graphs(graphs);
+            let mut c = cache(&model);
+            let mut logits = model.forward_last(&prompt, &mut c).unwrap();
+            let (mut greedy, mut rows) = (Vec::new(), Vec::new());
+            for (step, &next) in forced.iter().enumerate() {
+                greedy.push(argmax_rows(&logits)[0]);
+                // Every seventh step of the graph run takes the ordinary path (as a prefill or
+                // a tree does between replays): the caches the two paths write must agree.
+                set_cuda_graphs(graphs && step % 7 != 3);
+                logits = model.forward_last(&[next], &mut c).unwrap();
                 set_cuda_graphs(graphs);
-                let mut c = cache(&model);
-                let mut logits = model.forward_last(&prompt, &mut c).unwrap();
-                let (mut greedy, mut rows) = (Vec::new(), Vec::new());
-                for (step, &next) in forced.iter().enumerate() {
-                    greedy.push(argmax_rows(&logits)[0]);
-                    // Every seventh step of the graph run takes the ordinary path (as a prefill or
-                    // a tree does between replays): the caches the two paths write must agree.
-                    set_cuda_graphs(graphs && step % 7 != 3);
-                    logits = model.forward_last(&[next], &mut c).unwrap();
-                    set_cuda_graphs(graphs);
-                    if step % 50 == 0 {
-                        rows.push(logits.clone());
-                        // A verification block of 5 (its own recording), every row's logits,
-                        // rolled back.
-                        let mut spec = c.speculate().unwrap();
-                        let block = tokens(5, vocab, step);
-                        rows.push(model.forward(&block, spec.cache()).unwrap());
-                    }
-                    // A speculation that rolls back in the middle: the replay must follow the
-                    // cache's length, not its own count of steps.
-                    if step == 120 {
-                        let mut spec = c.speculate().unwrap();
-                        model.forward_last(&[next], spec.cache()).unwrap();
-                        model.forward_last(&[next], spec.cache()).unwrap();
-                    }
-                }
-                // A greedy chain of 8 steps from here, each fed the argmax of the step before
-                // where it lies on the device (as greedy drafting feeds it), in a speculation
-                // that rolls back; then the same chain with every argmax read back and uploaded:
-                // the same kernels, so bitwise the same logits.
-                let chain = |c: &mut specdec::cache::ModelCache, on_device: bool| -> Vec<Tensor> {
+                if step % 50 == 0 {
+                    rows.push(logits.clone());
+                    // A verification block of 5 (its own recording), every row's logits,
+                    // rolled back.
                     let mut spec = c.speculate().unwrap();
-                    let mut last = logits.clone();
-                    let mut out = Vec::new();
-                    for _ in 0..CHAIN {
-                        let next = DeviceTokens::argmax(&last).unwrap();
-                        last = if on_device {
-                            model.forward_last_device(&next, spec.cache()).unwrap()
-                        } else {
-                            model
-                                .forward_last(&next.to_vec().unwrap(), spec.cache())
-                                .unwrap()
-                        };
-                        out.push(last.clone());
-                    }
-                    out
-                };
-                let fed = chain(&mut c, true);
-                let uploaded = chain(&mut c, false);
-                for (i, (a, b)) in fed.iter().zip(&uploaded).enumerate() {
-                    let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
-                    assert_eq!(
-                        a.to_vec1::<f32>().unwrap(),
-                        b.to_vec1::<f32>().unwrap(),
-                        "{name} (graphs {graphs}): chain step {i} fed on the device differs"
-                    );
+                    let block = tokens(5, vocab, step);
+                    rows.push(model.forward(&block, spec.cache()).unwrap());
                 }
-                // The same chain through `forward_argmax` (a replayed graph ends in the argmax; no
-                // logits leave it): each step's ids are `DeviceTokens::argmax` of the fed chain's
-                // logits (the first index on ties, which half-precision logits have: candle's
-                // argmax may pick another). Then a verification block's, every row's.
+                // A speculation that rolls back in the middle: the replay must follow the
+                // cache's length, not its own count of steps.
+                if step == 120 {
+                    let mut spec = c.speculate().unwrap();
+                    model.forward_last(&[next], spec.cache()).unwrap();
+                    model.forward_last(&[next], spec.cache()).unwrap();
+                }
+            }
+            // A greedy chain of 8 steps from here, each fed the argmax of the step before
+            // where it lies on the device (as greedy drafting feeds it), in a speculation
+            // that rolls back; then the same chain with every argmax read back and uploaded:
+            // the same kernels, so bitwise the same logits.
+            let chain = |c: &mut specdec::cache::ModelCache, on_device: bool| -> Vec<Tensor> {
                 let mut spec = c.speculate().unwrap();
-                let mut next = DeviceTokens::argmax(&logits).unwrap();
-                for (i, l) in fed.iter().enumerate() {
-                    next = model
-                        .forward_argmax(StepIds::Device(&next), spec.cache(), true)
-                        .unwrap();
-                    assert_eq!(
+                let mut last = logits.clone();
+                let mut out = Vec::new();
+                for _ in 0..CHAIN {
+                    let next = DeviceTokens::argmax(&last).unwrap();
+                    last = if on_device {
+                        model.forward_last_device(&next, spec.cache()).unwrap()
+                    } else {
+                        model
+                            .forward_last(&next.to_vec().unwrap(), spec.cache())
+                            .unwrap()
+                    };
+                    out.push(last.clone());
+                }
+                out
+            };
+            let fed = chain(&mut c, true);
+            let uploaded = chain(&mut c, false);
+            for (i, (a, b)) in fed.iter().zip(&uploaded).enumerate() {
+                let (a, b) = (a.flatten_all().unwrap(), b.flatten_all().unwrap());
+                assert_eq!(
+                    a.to_vec1::<f32>().unwrap(),
+                    b.to_vec1::<f32>().unwrap(),
+                    "{label} (graphs {graphs}): chain step {i} fed on the device differs"
+                );
+            }
+            // The same chain through `forward_argmax` (a replayed graph ends in the argmax; no
+            // logits leave it): each step's ids are `DeviceTokens::argmax` of the fed chain's
+            // logits (the first index on ties, which half-precision logits have: candle's
+            // argmax may pick another). Then a verification block's, every row's.
+            let mut spec = c.speculate().unwrap();
+            let mut next = DeviceTokens::argmax(&logits).unwrap();
+            for (i, l) in fed.iter().enumerate() {
+                next = model
+                    .forward_argmax(StepIds::Device(&next), spec.cache(), true)
+                    .unwrap();
+                assert_eq!(
                     next.to_vec().unwrap(),
                     DeviceTokens::argmax(l).unwrap().to_vec().unwrap(),
-                    "{name} (graphs {graphs}): chain step {i}'s argmax differs from its logits'"
+                    "{label} (graphs {graphs}): chain step {i}'s argmax differs from its logits'"
                 );
-                }
-                drop(spec);
-                let block = tokens(5, vocab, 9);
-                let mut spec = c.speculate().unwrap();
-                let ids = model
-                    .forward_argmax(StepIds::Host(&block), spec.cache(), false)
-                    .unwrap();
-                drop(spec);
-                let mut spec = c.speculate().unwrap();
-                let block_logits = model.forward(&block, spec.cache()).unwrap();
-                drop(spec);
-                assert_eq!(
+            }
+            drop(spec);
+            let block = tokens(5, vocab, 9);
+            let mut spec = c.speculate().unwrap();
+            let ids = model
+                .forward_argmax(StepIds::Host(&block), spec.cache(), false)
+                .unwrap();
+            drop(spec);
+            let mut spec = c.speculate().unwrap();
+            let block_logits = model.forward(&block, spec.cache()).unwrap();
+            drop(spec);
+            assert_eq!(
                 ids.to_vec().unwrap(),
                 DeviceTokens::argmax(&block_logits).unwrap().to_vec().unwrap(),
-                "{name} (graphs {graphs}): a verification block's argmaxes differ from its logits'"
+                "{label} (graphs {graphs}): a verification block's argmaxes differ from its logits'"
             );
-                rows.extend(fed);
-                (greedy, rows, argmax_rows(&logits)[0])
-            };
+            rows.extend(fed);
+            (greedy, rows, argmax_rows(&logits)[0])
+        };
         let (with, with_rows, with_start) = run(true);
         // On CUDA every model's steps must really have replayed graphs (rings only with the
         // fused RoPE, which writes their K/V): a recording that failed falls back to the
@@ -165,7 +181,7 @@ fn graph_steps_equal_ordinary_steps() {
         if model.device().is_cuda() && (name == "draft" || rings_graphed) {
             assert!(
                 model.graph_recordings() > 0,
-                "{name}: no CUDA graph was recorded (see the recording warning above)"
+                "{label}: no CUDA graph was recorded (see the recording warning above)"
             );
             // Where recordings ask for programmatic edges (compute capability 9.0+), every
             // kernel but a few of candle's (the embedding, a norm, a cast, the logits' copy)
@@ -173,8 +189,8 @@ fn graph_steps_equal_ordinary_steps() {
             // joined by an ordinary edge (behind a memory node or an ordinary launch) waits
             // for the whole kernel before it, which only shows up as lost speed.
             let censuses = model.graph_censuses();
-            eprintln!("{name}: recordings (rows, census): {censuses:?}");
-            assert!(!censuses.is_empty(), "{name}: no census was counted");
+            eprintln!("{label}: recordings (rows, census): {censuses:?}");
+            assert!(!censuses.is_empty(), "{label}: no census was counted");
             // The draft's layers run our kernels only; the others' steps also run candle's
             // ops where theirs are not folded (Gemma's sandwich norms, its GELU), ordinary
             // launches by design.
@@ -182,7 +198,7 @@ fn graph_steps_equal_ordinary_steps() {
                 for (rows, c) in &censuses {
                     assert!(
                         c.programmatic > 0 && c.kernels - c.programmatic <= MAX_ORDINARY_EDGES,
-                        "{name}: a recording of {rows} rows has {} kernels but only {} programmatic edges",
+                        "{label}: a recording of {rows} rows has {} kernels but only {} programmatic edges",
                         c.kernels,
                         c.programmatic
                     );
@@ -201,14 +217,14 @@ fn graph_steps_equal_ordinary_steps() {
             if i >= history && !same_chain {
                 assert!(
                     tolerance() != TOL,
-                    "{name}: the greedy chain diverged in f32 at row {i}"
+                    "{label}: the greedy chain diverged in f32 at row {i}"
                 );
                 break;
             }
             let err = rel_err(a, b, MIN_SCALE);
             assert!(
                 err <= tolerance(),
-                "{name}: compared logits {i} (of {}, shape {:?}) differ by {err}",
+                "{label}: compared logits {i} (of {}, shape {:?}) differ by {err}",
                 with_rows.len(),
                 a.dims()
             );
@@ -217,7 +233,7 @@ fn graph_steps_equal_ordinary_steps() {
             }
         }
         if tolerance() == TOL {
-            assert_eq!(with, without, "{name}: argmax after each step differs");
+            assert_eq!(with, without, "{label}: argmax after each step differs");
         }
 
         // A short prompt (at most GRAPH_MAX_ROWS tokens) and 6 greedy steps, graphs on, on a
@@ -250,7 +266,7 @@ fn graph_steps_equal_ordinary_steps() {
         for (i, (a, b)) in fresh.iter().zip(&reused).enumerate() {
             assert!(
                 a == b,
-                "{name}: step {i} after a short prompt differs between a fresh and a reused cache"
+                "{label}: step {i} after a short prompt differs between a fresh and a reused cache"
             );
         }
     }

@@ -177,11 +177,12 @@ impl RotatingKvCache {
     /// positions `[offset, offset + t)` into slots `p % capacity` and attend over the ring in
     /// place, every position its queries see intact; the caller then calls
     /// [`Self::advance`]. `None` sends the step down the ordinary path (which also reports
-    /// what is wrong): the staged strategy (its speculative K/V live beside the ring), a
+    /// what is wrong): the staged strategy inside a speculation (its speculative K/V live
+    /// beside the ring; outside one, its ring of `window` slots takes one-token steps), a
     /// tree, no ring yet, a block too long for the ring or the open speculation, or stale
     /// positions inside the window.
     pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<(Tensor, Tensor, u64)>> {
-        if self.strategy == RotatingStrategy::Staged || t == 0 {
+        if (self.strategy == RotatingStrategy::Staged && self.spec.is_some()) || t == 0 {
             return Ok(None);
         }
         if let Some(spec) = &self.spec {
