@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Random-weight checkpoints at the full shapes of published sliding-window models, made on the
-GPU with transformers (no download: the configs below are the published `config.json`s' text
-parts), and transformers' own decode speed on them.
+"""Random-weight checkpoints at the full shapes of published models (sliding-window ones, and
+full-attention ones to compare), made on the GPU with transformers (no download: the configs
+below are the published `config.json`s' text parts), and transformers' own decode speed on them.
 
     python3 scripts/sliding_shapes.py make OUT_DIR [NAME ...]
     python3 scripts/sliding_shapes.py hf-decode DIR [--prompt 128] [--new 256]
@@ -18,7 +18,7 @@ import sys
 import time
 
 # The text parts of the published configs (google/gemma-3-4b-it, google/gemma-3-270m,
-# mistralai/Mistral-7B-v0.1), as transformers 5 reads them.
+# mistralai/Mistral-7B-v0.1 and the three below), as transformers 5 reads them.
 def gemma3(hidden, inter, layers, heads, kv, vocab, window, context, **extra):
     """A Gemma 3 text config: five sliding-window layers to one global, head width 256."""
     return {
@@ -57,6 +57,67 @@ SHAPES = {
     "gemma3-4b": gemma3(2560, 10240, 34, 8, 4, 262208, 1024, 131072,
                         rope_scaling={"rope_type": "linear", "factor": 8.0}),
     "gemma3-270m": gemma3(640, 2048, 18, 4, 1, 262144, 512, 32768),
+    # Full-attention shapes beside them (meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-7B,
+    # Qwen/Qwen3-8B), for the same benchmark.
+    "llama3.1-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "torch_dtype": "bfloat16",
+    },
+    "qwen2.5-7b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "torch_dtype": "bfloat16",
+    },
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "torch_dtype": "bfloat16",
+    },
     "mistral-7b": {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
