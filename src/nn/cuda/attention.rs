@@ -367,7 +367,8 @@ impl SplitAttention {
         let mut l = Launch::new(
             dev,
             &format!(
-                "attn_split_{name}_d{d}_h{hb}{wide}{fused}{hv}{}",
+                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}",
+                if self.ring.is_some() { "_ring" } else { "" },
                 if cluster { "_cl" } else { "" }
             ),
         )?;

@@ -24,11 +24,11 @@ constexpr int MAX_SPLITS = 512;
 // chain of ~24 dependent L2 round trips, now ~6. Per head the arithmetic is that head's
 // alone (sums in split order), so a row's result does not depend on its neighbours. Reads
 // through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
-template <typename T, int D, int HB, int W>
+template <typename T, int D, int HB, int W, bool WRAP>
 __device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int first,
                              int n, int splits, T *__restrict__ out) {
   const auto at = [&](int s) {
-    return (long)(first + s >= splits ? first + s - splits : first + s) * (D + 2);
+    return (long)(WRAP && first + s >= splits ? first + s - splits : first + s) * (D + 2);
   };
   static_assert(HB <= W, "one warp per head's scalars");
   __shared__ float weight[HB][MAX_SPLITS];
@@ -190,7 +190,8 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
 };
 
-template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false>
+template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false,
+          bool RING = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -210,17 +211,18 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
   // (a graph's splits span the cache's capacity) leaves at once.
   //
-  // Ring (`ring` > 0: k and v are a ring of `ring` slots, position p in slot p % ring): the
+  // RING (the `_ring` kernels: k and v are a ring of `ring` slots, position p in slot
+  // p % ring; a template parameter, so that the other kernels carry none of it): the
   // query sees positions [vis, qpos], vis = max(qpos + 1 - window, ring_lo, 0), which lie in
   // the slots from vslot = vis % ring on, vn of them, wrapping past the last slot. Splits are
   // runs of slots; [first_split, end_split) counts on past the last split (split s is then
   // s - splits) and covers each split once (the one holding both ends of a wrapped run too).
-  const int vis = ring > 0 ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
-  const int vslot = ring > 0 ? vis % ring : 0, vn = qpos + 1 - vis;
+  const int vis = RING ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
+  const int vslot = RING ? vis % ring : 0, vn = qpos + 1 - vis;
   const int first_split =
-      ring > 0 ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+      RING ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
   const int end_split =
-      ring > 0 ? min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
+      RING ? min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
                                         : splits + (vslot + vn - 1 - ring) / split_len + 1,
                      first_split + splits)
                : min(qpos / split_len + 1, splits);
@@ -251,9 +253,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // read the same bytes.
   constexpr int PF_SPLITS = 4;
   if (end_split - first_split <= PF_SPLITS) {
-    const int s0 = start >= splits ? start - splits : start;
+    const int s0 = RING && start >= splits ? start - splits : start;
     const int a = s0 * split_len,
-              b = ring > 0 ? min(a + split_len, ring) : min((start + 1) * split_len, len - t);
+              b = RING ? min(a + split_len, ring) : min((start + 1) * split_len, len - t);
     constexpr int LINES = D * sizeof(T) >= 128 ? D * sizeof(T) / 128 : 1;  // 128-byte lines a row
     const T *kr = k + blockIdx.y * kv_head_stride, *vr = v + blockIdx.y * kv_head_stride;
     for (int i = threadIdx.x; i < (b - a) * LINES; i += blockDim.x) {
@@ -290,9 +292,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       sq[h][e] = x;
     }
     const int p = fresh + i / HALF, f = i % HALF;
-    const int slot = ring > 0 ? p % ring : p, ps = slot / split_len;
+    const int slot = RING ? p % ring : p, ps = slot / split_len;
     // The split's place in [first_split, end_split) (a ring's count on past the last).
-    const int split = ps < first_split ? ps + splits : ps;
+    const int split = RING && ps < first_split ? ps + splits : ps;
     const bool visible = window <= 0 || p > qpos - window;
     if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
       const int n = p - fresh;
@@ -317,11 +319,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
   int mine = 0;  // splits this block wrote
   for (int vs = start; vs < end_split; vs += zs, ++mine) {
-    const int split = vs >= splits ? vs - splits : vs;
+    const int split = RING && vs >= splits ? vs - splits : vs;
     // Keys [lo, hi) of the split; a ring's are the visible slots among them.
-    const int hi = ring > 0 ? min(ring, (split + 1) * split_len) : min(qpos + 1, (split + 1) * split_len);
+    const int hi = RING ? min(ring, (split + 1) * split_len) : min(qpos + 1, (split + 1) * split_len);
     int lo = split * split_len;
-    if (window > 0 && ring == 0) lo = max(lo, qpos + 1 - window);
+    if (window > 0 && !RING) lo = max(lo, qpos + 1 - window);
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
@@ -333,7 +335,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
       const bool live =
-          j >= lo && j < hi && (ring == 0 || (j - vslot + ring) % ring < vn);
+          j >= lo && j < hi && (!RING || (j - vslot + ring) % ring < vn);
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
       // Value rows in batches of VB independent loads, each batch one round trip to memory
       // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
@@ -490,20 +492,21 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   if (!last) return;
   __threadfence();
   const int rh = row * heads + h0;
-  attn_combine<T, D, HB, W>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2), nh,
+  attn_combine<T, D, HB, W, RING>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2), nh,
                             first_split, end_split - first_split, splits, y + (long)rh * D);
 }
 
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
-#define ATTN_SPLIT1(NAME, T, E, HB, W)                                                          \
+#define ATTN_SPLIT1(NAME, T, E, HB, W, RING)                                                    \
   extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
            float softcap, int ring, int ring_lo) {                                             \
-    attn_split<T, E, HB, W, false>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,       \
+    attn_split<T, E, HB, W, false, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t, \
+                                                       heads, group,                          \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
                                 splits, window, softcap, ring, ring_lo, FusedRope<T>{});      \
   }                                                                                            \
@@ -516,19 +519,25 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, W, true>(q, k, v, part, y, len_ptr, len_arg, t, heads, group,        \
+    attn_split<T, E, HB, W, true, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t,  \
+                                                      heads, group,                           \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap, ring, ring_lo,                        \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
   }
+// `_ring` after the head and warp counts: the same over a ring (RING).
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
-  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4)                          \
-  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8)                    \
-  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8)
+  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4, false) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4, false)            \
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8, false) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8, false)      \
+  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8, false)                                                 \
+  ATTN_SPLIT1(NAME##_h1_ring, T, E, 1, 4, true) ATTN_SPLIT1(NAME##_h4_ring, T, E, 4, 4, true)    \
+  ATTN_SPLIT1(NAME##_h1_w8_ring, T, E, 1, 8, true)                                             \
+  ATTN_SPLIT1(NAME##_h4_w8_ring, T, E, 4, 8, true)                                             \
+  ATTN_SPLIT1(NAME##_h2_w8_ring, T, E, 2, 8, true)
 
 // The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
 // in a cluster); see attn_split.
-#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL)                                               \
+#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL, RING)                                         \
   extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
@@ -538,23 +547,27 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
            const char *pf1, long pf1_n) {                                                     \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, 8, true, HV, CL>(q, k, v, part, y, len_ptr, len_arg, t, heads, group, \
+    attn_split<T, E, HB, 8, true, HV, CL, RING>(q, k, v, part, y, len_ptr, len_arg, t, heads,  \
+                                                group,                                         \
                                           q_head_stride, q_row_stride, kv_head_stride,        \
                                           split_len, splits, window, softcap, ring, ring_lo,  \
                                           FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
                                                        kw, vw});                              \
   }
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true)                              \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true)                              \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true)
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false, false)                         \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false, false)                         \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false, false)                         \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_ring_rope_hv, T, E, 1, true, false, true)                     \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_ring_rope_hv, T, E, 4, true, false, true)                     \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_ring_rope_hv, T, E, 2, true, false, true)                     \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true, false)                       \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true, false)                       \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true, false)
 #define ATTN_SPLIT_CL(NAME, T, E)                                                              \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true)                                \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true)
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true, false)                         \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true, false)                         \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true, false)
 
 ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
 ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
