@@ -107,14 +107,28 @@ msgs=$(cargo build --release --features cuda ${CUDA_TARGETS:---bins --tests --be
 #    compressed; all of them together stay small enough to travel).
 stage=$cuda_dir/stage
 rm -rf "$stage"; mkdir -p "$dist" "$stage/bin" "$stage/tests" "$stage/benches"
+# Each binary must have been compiled from this checkout: cargo keys its artifacts by package
+# name and version, so a build of another worktree into the same target folder leaves binaries
+# that cargo then calls fresh here (it packed another tree's gpu_decode once). The dep-info
+# beside each binary names the manifest folder it was compiled in (where it reads
+# CARGO_MANIFEST_DIR, as the tests and benches do).
 echo "$msgs" | python3 -c '
-import json, sys
+import json, os, sys
+root = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
     if not m["package_id"].split("#")[0].rstrip("/").endswith("/specdec") and "specdec" not in m["package_id"]:
         continue
+    exe = m["executable"]
+    dep = os.path.splitext(exe)[0] + ".d"
+    dirs = [l.split("=", 1)[1] for l in (open(dep).read().splitlines() if os.path.exists(dep) else [])
+            if l.startswith("# env-dep:CARGO_MANIFEST_DIR=")]
+    if any(d != root for d in dirs):
+        target = os.environ.get("CARGO_TARGET_DIR", "")
+        sys.exit(f"error: {exe} was compiled from {dirs[0]}, not {root} ({dep}); "
+                 f"run cargo clean -p specdec --release in {target}")
     t = m["target"]
     kind = t["kind"][0]
     if m["profile"]["test"]:
@@ -125,7 +139,7 @@ for line in sys.stdin:
         folder = {"bin": "bin", "bench": "benches"}.get(kind)
     if folder:
         print(folder, t["name"], m["executable"])
-' | while read -r folder name exe; do
+' "$root" | while read -r folder name exe; do
   strip -o "$stage/$folder/$name" "$exe"
 done
 echo "$root" > "$stage/manifest-dir"
