@@ -76,6 +76,9 @@ pub struct EngineOptions {
     /// steps (default on; off: a masked product over the ring, and no graph steps for models
     /// with sliding-window layers).
     pub ring_in_place: bool,
+    /// A GELU-tanh gated MLP (Gemma) applies its activation and the product with the up half
+    /// in one CUDA kernel after the gate/up product (default on; off: candle's two ops).
+    pub gelu_gate: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -99,6 +102,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     attn_rows_heads: 2,
     attn_wide_min_len: 0,
     ring_in_place: true,
+    gelu_gate: true,
 };
 
 impl Default for EngineOptions {
@@ -208,7 +212,7 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 19);
+        assert_eq!(keys.len(), 20);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
         assert!(keys.iter().any(|k| k == "ring_in_place"));

@@ -230,12 +230,28 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
         return Ok(Some(
             gate_up
                 .contiguous()?
-                .apply_op1_no_bwd(&super::cuda::SiluMul)?,
+                .apply_op1_no_bwd(&super::cuda::GateMul { gelu: false })?,
         ));
     }
     if gate_up.device().is_cpu() && gate_up.dtype() == candle_core::DType::F32 {
         return Ok(Some(gate_up.contiguous()?.apply_op1_no_bwd(&CpuSiluMul)?));
     }
+    Ok(None)
+}
+
+/// `gelu(gate) * up` (GELU with the tanh approximation) of a fused `[t, 2 * inter]` gate/up
+/// product in one pass on CUDA, computed in f32 and rounded once (candle's ops round the
+/// activation first); `None` elsewhere.
+pub fn gelu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if gate_up.device().is_cuda() && gate_up.rank() == 2 && gate_up.dim(1)? % 2 == 0 {
+        return Ok(Some(made(
+            gate_up
+                .contiguous()?
+                .apply_op1_no_bwd(&super::cuda::GateMul { gelu: true })?,
+        )));
+    }
+    let _ = gate_up;
     Ok(None)
 }
 

@@ -95,6 +95,9 @@ impl GatedMlp {
         profile::mark("gate/up projection", &gate_up)?;
         let fused = match self.act {
             Activation::Silu => super::fused::silu_mul(&gate_up)?,
+            Activation::GeluTanh if crate::engine::get().gelu_gate => {
+                super::fused::gelu_mul(&gate_up)?
+            }
             _ => None,
         };
         let h = match fused {

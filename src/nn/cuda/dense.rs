@@ -35,7 +35,7 @@ fn tensor_core_gemv(o: &EngineOptions) -> bool {
 /// `x`, `w`. Output `[rows, out]`.
 ///
 /// With `silu_gate`, `w` is a gated MLP's fused `[2 inter, in]` gate/up weight and the output
-/// `[rows, inter]` is `silu(x gᵀ) * (x uᵀ)`, in the arithmetic [`SiluMul`] applies to the
+/// `[rows, inter]` is `silu(x gᵀ) * (x uᵀ)`, in the arithmetic [`GateMul`] applies to the
 /// plain product (products rounded to the dtype, the activation in f32; tensor-core path
 /// only: [`silu_gate_applies`]).
 pub struct Gemv {
@@ -347,34 +347,39 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
     products && o.gemv_fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
 }
 
-/// `silu(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as
-/// `[t, inter]` (`silu_mul` in elementwise.cu). Input of [`candle_core::CustomOp1`], contiguous.
-pub struct SiluMul;
+/// `act(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as
+/// `[t, inter]`, `act` SiLU or (with `gelu`) GELU with the tanh approximation (`silu_mul` and
+/// `gelu_mul` in elementwise.cu). Input of [`candle_core::CustomOp1`], contiguous.
+pub struct GateMul {
+    /// GELU (tanh approximation) instead of SiLU.
+    pub gelu: bool,
+}
 
-impl candle_core::CustomOp1 for SiluMul {
+impl candle_core::CustomOp1 for GateMul {
     fn name(&self) -> &'static str {
-        "silu-mul"
+        "gate-mul"
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        candle_core::bail!("silu-mul runs on CUDA only")
+        candle_core::bail!("gate-mul runs on CUDA only")
     }
 
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let act = if self.gelu { "gelu" } else { "silu" };
         fn go<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
             dev: &CudaDevice,
-            name: &str,
+            kernel: &str,
             gu: &CudaSlice<T>,
             l: &Layout,
         ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
             let (Some((a, b)), [t, two]) = (l.contiguous_offsets(), l.dims()) else {
-                candle_core::bail!("silu-mul: input must be a contiguous [t, 2 * inter]");
+                candle_core::bail!("gate-mul: input must be a contiguous [t, 2 * inter]");
             };
             let (t, inter) = (*t, *two / 2);
             let n = t * inter;
             // SAFETY: written in full by the kernel.
             let y = unsafe { super::op::out_alloc::<T>(dev, n)? };
-            let mut l = Launch::new(dev, &format!("silu_mul_{name}"))?;
+            let mut l = Launch::new(dev, kernel)?;
             let gu = gu.slice(a..b);
             l.ptr(&gu).ptr(&y).val(inter as i32).val(n as i64);
             let cfg = LaunchConfig {
@@ -382,25 +387,25 @@ impl candle_core::CustomOp1 for SiluMul {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: matches `silu_mul`; a grid-stride loop over n = t * inter elements.
+            // SAFETY: matches `gate_mul`; a grid-stride loop over n = t * inter elements.
             unsafe { l.run(cfg) }?;
             Ok((y, Shape::from((t, inter))))
         }
         let dev = s.device();
         let (slice, shape) = match &s.slice {
             CudaStorageSlice::BF16(x) => {
-                let (y, sh) = go(dev, "bf16", x, l)?;
+                let (y, sh) = go(dev, &format!("{act}_mul_bf16"), x, l)?;
                 (CudaStorageSlice::BF16(y), sh)
             }
             CudaStorageSlice::F16(x) => {
-                let (y, sh) = go(dev, "f16", x, l)?;
+                let (y, sh) = go(dev, &format!("{act}_mul_f16"), x, l)?;
                 (CudaStorageSlice::F16(y), sh)
             }
             CudaStorageSlice::F32(x) => {
-                let (y, sh) = go(dev, "f32", x, l)?;
+                let (y, sh) = go(dev, &format!("{act}_mul_f32"), x, l)?;
                 (CudaStorageSlice::F32(y), sh)
             }
-            _ => candle_core::bail!("silu-mul: float input expected"),
+            _ => candle_core::bail!("gate-mul: float input expected"),
         };
         Ok((
             CudaStorage {

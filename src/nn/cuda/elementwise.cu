@@ -62,26 +62,33 @@ ROPE_STORE(rope_store_f32, float)
 ROPE_STORE(rope_store_bf16, __nv_bfloat16)
 ROPE_STORE(rope_store_f16, __half)
 
-// Gated MLP activation: y[r, i] = silu(g[r, i]) * u[r, i] where the fused product is
-// gu = [g | u], [t, 2 * inter] row-major. One pass instead of candle's strided silu and mul.
-template <typename T>
-__device__ void silu_mul(const T *__restrict__ gu, T *__restrict__ y, int inter, long n) {
+// Gated MLP activation: y[r, i] = act(g[r, i]) * u[r, i] where the fused product is
+// gu = [g | u], [t, 2 * inter] row-major, act SiLU (GELU = false) or GELU with the tanh
+// approximation (transformers' gelu_pytorch_tanh, candle's gelu), in f32, rounded once. One
+// pass instead of candle's strided activation and mul.
+template <typename T, bool GELU>
+__device__ void gate_mul(const T *__restrict__ gu, T *__restrict__ y, int inter, long n) {
   for (long idx = blockIdx.x * (long)blockDim.x + threadIdx.x; idx < n;
        idx += (long)gridDim.x * blockDim.x) {
     const long r = idx / inter, i = idx % inter;
     const float g = to_f32(gu[r * 2 * inter + i]), u = to_f32(gu[r * 2 * inter + inter + i]);
-    y[idx] = from_f32<T>(g / (1.f + __expf(-g)) * u);
+    const float a = GELU ? 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)))
+                         : g / (1.f + __expf(-g));
+    y[idx] = from_f32<T>(a * u);
   }
 }
 
-#define SILU_MUL(NAME, T)                                                                      \
+#define GATE_MUL(NAME, T, GELU)                                                                \
   extern "C" __global__ void NAME(const T *gu, T *y, int inter, long n) {                     \
     pdl_begin();                                                                               \
-    silu_mul<T>(gu, y, inter, n);                                                              \
+    gate_mul<T, GELU>(gu, y, inter, n);                                                        \
   }
-SILU_MUL(silu_mul_f32, float)
-SILU_MUL(silu_mul_bf16, __nv_bfloat16)
-SILU_MUL(silu_mul_f16, __half)
+GATE_MUL(silu_mul_f32, float, false)
+GATE_MUL(silu_mul_bf16, __nv_bfloat16, false)
+GATE_MUL(silu_mul_f16, __half, false)
+GATE_MUL(gelu_mul_f32, float, true)
+GATE_MUL(gelu_mul_bf16, __nv_bfloat16, true)
+GATE_MUL(gelu_mul_f16, __half, true)
 
 // Residual add then RMSNorm of the sum, one block per row: s = x + y (rounded to T, as the
 // separate add would), out = s / sqrt(mean(s^2) + eps) * w. Writes s to out[0] and the norm

@@ -25,7 +25,7 @@ pub use attention::{
 };
 pub use dense::{
     add_rmsnorm_applies, argmax_on_device, fold_applies, folds, gemv_applies, silu_gate_applies,
-    AddRmsNorm, Fold, FoldedGemv, Gemv, SiluMul,
+    AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
