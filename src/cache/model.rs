@@ -282,8 +282,8 @@ impl ModelCache {
     }
 
     /// For a forward that writes K/V itself (a replayed CUDA graph): when every layer can
-    /// take a step of `t` tokens in place (an unbounded KV cache with a buffer, or a ring of
-    /// the slack strategy: see [`KvCache::reserve`], [`RotatingKvCache::reserve`]) and no tree
+    /// take a step of `t` tokens in place (an unbounded KV cache with a buffer, or a ring:
+    /// see [`KvCache::reserve`], [`RotatingKvCache::reserve`]) and no tree
     /// is open, makes room for them and returns each layer's whole buffers
     /// `[b, h, capacity, d]` and allocation id; the forward writes positions
     /// `[offset, offset + t)` (a KV cache's slots of the same index, a ring's modulo its

@@ -194,7 +194,9 @@ impl Attention {
     /// (position `p` in slot `p % capacity`) of this `(window, positions)`, `positions` the
     /// sequence length after the step on the host (the RoPE table covers it; a longer
     /// table is another recording), attended in place; it needs the fused RoPE (an error
-    /// otherwise). `prefetch`: the gate/up weight of the MLP
+    /// otherwise). The kernel is not told the ring's stale positions: the caller reserved the
+    /// step only where every position its queries see is intact. `prefetch`: the gate/up
+    /// weight of the MLP
     /// after this attention, whose first rows RoPE's kernel prefetches into the L2 (the
     /// engine option `l2_prefetch_mb`). With the engine option `fused_rope` the split
     /// attention kernel rotates q and stores the step's K/V itself; off, RoPE's own kernel

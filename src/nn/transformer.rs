@@ -244,7 +244,8 @@ impl Decoder {
     /// a replayed CUDA graph (recorded on first use per block length for the cache's
     /// buffers), when graphs are on, the model runs on CUDA and every layer's cache takes
     /// the step in place (`ModelCache::reserve_in_place`: full-attention KV caches, and the
-    /// rings of sliding-window layers under the slack strategy, attended where they lie);
+    /// rings of sliding-window layers, attended where they lie: the slack strategy's always,
+    /// the staged strategy's for one-token steps outside a speculation);
     /// `None` sends the caller down the ordinary path. The cache advances by the step on
     /// success.
     #[cfg(feature = "cuda")]
