@@ -12,7 +12,10 @@ use super::rotating::RotatingSnapshot;
 use super::tree::TokenTree;
 use crate::error::Result;
 
+mod hidden;
 mod tree_commit;
+
+use hidden::HiddenTap;
 
 /// The cache of one attention layer.
 #[derive(Debug)]
@@ -147,6 +150,8 @@ pub struct ModelCache {
     spec_base: Option<usize>,
     /// Set when a commit failed half-way; every later operation is refused.
     poisoned: bool,
+    /// Hidden states the forwards record ([`ModelCache::tap_hidden`]).
+    hidden: Option<HiddenTap>,
 }
 
 /// A snapshot of every layer of a [`ModelCache`] for the range `[from, to)`.
@@ -252,6 +257,7 @@ impl ModelCache {
             layers,
             spec_base: None,
             poisoned: false,
+            hidden: None,
         }
     }
 
@@ -380,6 +386,7 @@ impl ModelCache {
         for (i, layer) in self.layers.iter().enumerate() {
             layer.check_restore(snap_layer(i), target)?;
         }
+        self.hidden_moved(target);
         for (i, layer) in self.layers.iter_mut().enumerate() {
             if let Err(e) = layer.restore(snap_layer(i), target) {
                 self.poisoned = true;
@@ -433,6 +440,7 @@ impl ModelCache {
         self.layers.iter_mut().for_each(LayerCache::reset);
         self.spec_base = None;
         self.poisoned = false;
+        self.hidden_moved(0);
     }
 
     /// An independent copy of every layer (the clone-and-truncate baseline; test probes).
@@ -446,6 +454,7 @@ impl ModelCache {
                 .collect::<Result<_>>()?,
             spec_base: None,
             poisoned: false,
+            hidden: self.hidden.clone(),
         })
     }
 }
@@ -500,10 +509,11 @@ impl Speculation<'_> {
                     .iter_mut()
                     .for_each(LayerCache::rollback);
                 self.cache.poisoned = i > 0 || n > 0;
+                self.cache.hidden_settled(None)?;
                 return Err(e);
             }
         }
-        Ok(())
+        self.cache.hidden_settled(Some(&(0..n).collect::<Vec<_>>()))
     }
 }
 
@@ -512,6 +522,8 @@ impl Drop for Speculation<'_> {
         if self.open {
             self.cache.layers.iter_mut().for_each(LayerCache::rollback);
             self.cache.spec_base = None;
+            // Dropping rows cannot fail.
+            let _ = self.cache.hidden_settled(None);
         }
     }
 }

@@ -162,6 +162,25 @@ impl HfConfig {
         }
     }
 
+    /// A list of non-negative integers (absent or `null`: `None`).
+    pub fn usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            self.error(key, format!("expected a non-negative integer, found {v}"))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => Err(self.error(key, format!("expected a list of integers, found {v}"))),
+        }
+    }
+
     /// Token ids given as one integer or a list of integers (absent or `null`: none).
     pub fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
         let as_id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());

@@ -5,6 +5,7 @@
 
 mod base;
 mod config;
+mod eagle3;
 mod gemma3;
 mod gguf;
 mod llama;
@@ -18,6 +19,7 @@ use std::str::FromStr;
 use candle_core::{DType, Device, Tensor};
 
 pub use config::HfConfig;
+pub use eagle3::load_eagle3;
 pub use gguf::GGUF_ARCHITECTURES;
 
 use crate::cache::{ModelCache, RotatingStrategy};

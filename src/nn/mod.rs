@@ -9,6 +9,7 @@ mod block;
 mod clock;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod eagle3;
 mod fused;
 mod graphs;
 mod linear;
@@ -29,6 +30,7 @@ pub use attention::{
 pub use clock::QueueMark;
 #[cfg(feature = "cuda")]
 pub use cuda::{kernel_trace, TraceRecord};
+pub use eagle3::{Eagle3Head, Eagle3Parts};
 pub use fused::{argmax_rows, folded_gemv, open_cuda, Folded};
 pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, GraphCensus};
 pub use linear::{Linear, RmsNorm};
@@ -39,4 +41,5 @@ pub use spec::{DecoderSpec, LayerKind, NormLayout};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
 pub use tokens::{DeviceTokens, StepIds};
 pub use transformer::{Decoder, GRAPH_MAX_ROWS};
+pub(crate) use weights::shard_paths;
 pub use weights::{Weights, INDEX_FILE, SINGLE_FILE};

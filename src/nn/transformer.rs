@@ -53,6 +53,16 @@ impl Decoder {
             .is_some_and(|w| w.id() == self.embed.id())
     }
 
+    /// The token embedding `[vocab, hidden]` (what an EAGLE-3 head embeds its tokens with).
+    pub fn embedding(&self) -> &Tensor {
+        &self.embed
+    }
+
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Parameters held (tied embeddings counted once).
     pub fn param_count(&self) -> usize {
         self.param_count
@@ -201,8 +211,27 @@ impl Decoder {
         }
         profile::mark("embedding", &x)?;
         let mut input = Input::Embedded(x);
+        let taps = cache.hidden_layers().map(<[usize]>::to_vec);
+        let mut tapped = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
+            tap(&taps, i, &input, &mut tapped)?;
             input = block.forward(input, offset, cache.layer_mut(i)?)?;
+        }
+        tap(&taps, self.blocks.len(), &input, &mut tapped)?;
+        if let Some(taps) = &taps {
+            // In the order asked, a layer asked twice given twice.
+            let rows = taps
+                .iter()
+                .map(|id| tapped.iter().find(|(i, _)| i == id).map(|(_, x)| x.clone()))
+                .collect::<Option<Vec<Tensor>>>()
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "hidden states of layers {taps:?} asked of a model of {} layers (ids 0..={})",
+                        self.blocks.len(),
+                        self.blocks.len()
+                    ))
+                })?;
+            cache.record_hidden(Tensor::cat(&rows, 1)?);
         }
         self.head(input, last, true)
     }
@@ -266,6 +295,10 @@ impl Decoder {
         // prompt other (half-precision) logits than on a fresh cache (docs/kernel-notes.md,
         // "Short prefills").
         if t > GRAPH_MAX_ROWS || cache.offset() == 0 || !super::graphs::graphs_enabled() {
+            return Ok(None);
+        }
+        // Recorded steps hand out no hidden states.
+        if cache.hidden_layers().is_some() {
             return Ok(None);
         }
         // Recorded steps read dense weights (quantized layers run candle's quantized matmul).
@@ -384,4 +417,22 @@ impl Decoder {
         }
         Ok(())
     }
+}
+
+/// Keeps the residual stream entering layer `i` (`input`, its pending add made) when `taps`
+/// asks for it.
+fn tap(
+    taps: &Option<Vec<usize>>,
+    i: usize,
+    input: &Input,
+    tapped: &mut Vec<(usize, Tensor)>,
+) -> Result<()> {
+    if taps.as_ref().is_some_and(|t| t.contains(&i)) {
+        let x = match input {
+            Input::Embedded(x) | Input::Stream(x) => x.clone(),
+            Input::Residual((x, h)) => (x + h)?,
+        };
+        tapped.push((i, x));
+    }
+    Ok(())
 }

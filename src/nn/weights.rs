@@ -323,7 +323,7 @@ fn extend_f32(out: &mut Vec<f32>, data: &[u8], stored: DType, scale: f32) {
 }
 
 /// The distinct shard files named by an index file, resolved next to it.
-fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::invalid(format!("{}: bad JSON: {e}", index.display())))?;

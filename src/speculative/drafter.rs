@@ -112,6 +112,17 @@ pub trait Drafter {
     ) -> Result<Box<dyn Draft + 'a>>;
     /// Model forwards run since the last reset.
     fn forwards(&self) -> usize;
+    /// The target layers whose hidden states this drafter reads (ids as
+    /// [`crate::cache::ModelCache::tap_hidden`] takes them); `None` (the default): none.
+    fn target_layers(&self) -> Option<&[usize]> {
+        None
+    }
+    /// The target's hidden states of committed positions `[start, start + n)` (`states:
+    /// [n, layers × hidden]`), handed over after the target's prefill and after every step's
+    /// commit, for a drafter with [`Drafter::target_layers`]. Ignored by default.
+    fn read_target(&mut self, _start: usize, _states: Tensor) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Drafts with nothing tentative to keep (model-free drafters).

@@ -14,6 +14,7 @@
 
 mod decode;
 mod drafter;
+mod eagle3;
 mod metrics;
 mod model;
 mod ngram;
@@ -30,6 +31,7 @@ mod verify;
 
 pub use decode::{generate, Drafting};
 pub use drafter::{Draft, DraftBlock, DraftRequest, Drafter, ModelDrafter, VerifyBlock};
+pub use eagle3::Eagle3Drafter;
 pub use metrics::{GenerationRecord, StopReason};
 pub use model::{argmax_of_logits, LanguageModel};
 pub use ngram::NgramDrafter;

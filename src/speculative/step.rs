@@ -144,6 +144,7 @@ pub(super) fn speculative_step<M: LanguageModel>(
     };
     let t_finish = Instant::now();
     draft.finish(&decided.drafts, &decided.path)?;
+    super::decode::hand_over_hidden(step.seq, drafter)?;
     step.out.record.draft_s += t_finish.elapsed().as_secs_f64();
     Ok(StepOutcome {
         tokens: decided.tokens(),

@@ -197,30 +197,11 @@ impl Growing {
 }
 
 impl<M: LanguageModel> ModelDrafter<M> {
-    /// Drafts a tree of `shape` after `context`, level by level, with ONE draft forward per
-    /// level over the nodes chosen for expansion, inside the draft cache's speculation, as
-    /// tree nodes (each sees the history and its ancestors); the last level is never fed.
-    ///
-    /// Greedy (EAGLE-2's expand-then-rerank, Li et al. 2024): every expanded node gets its
-    /// `width` most likely tokens as children. A level's nodes are expanded (fed) when they
-    /// rank among the `budget` most probable nodes drafted so far (cumulative draft
-    /// probability), most probable first, at most `ceil(budget / depth)` per level and
-    /// `budget` per step (the draft speculation's block). After the last level the tree keeps
-    /// the `budget` most probable of all drafted nodes; a node's cumulative probability never
-    /// exceeds its parent's, so they form a tree. Without the caps it would be the `budget`
-    /// most probable nodes of the full tree of the draft's top-`width` children: a node among
-    /// those has its parent among the `budget` most probable when the parent's level is
-    /// expanded.
-    ///
-    /// Sampled: children must stay i.i.d. draws from `q` (multi-candidate verification is
-    /// exact only then), so none is dropped for its value: each level gets an equal share of
-    /// the remaining budget (`ceil(left / levels left)`), `width` draws per node in order of
-    /// cumulative probability, counts fixed before drawing (see [`Growing::grow`]), and every
-    /// new node but the last level's is fed.
+    /// Drafts a tree of `shape` after `context` with the draft model (see [`grow_tree`]),
+    /// inside the draft cache's speculation; the accepted path's fed nodes are kept.
     ///
     /// Width 1 drafts exactly the chain [`super::Drafter::propose`] drafts, with the same
-    /// forwards, confidence threshold included: below level 1, nodes whose largest draft
-    /// probability is under it get no children.
+    /// forwards, confidence threshold included.
     pub(super) fn draft_tree<'a>(
         &'a mut self,
         context: &[u32],
@@ -228,82 +209,140 @@ impl<M: LanguageModel> ModelDrafter<M> {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
-        let mut g = Growing {
-            tree: DraftTree {
-                child_q: vec![None],
-                ..DraftTree::default()
-            },
-            cum: Vec::new(),
-            block_of: Vec::new(),
-        };
-        // No node deeper than the budget can be kept (its ancestors come first).
-        let depth = shape.depth.min(shape.budget);
-        let greedy = sampling.is_greedy();
-        let mut frontier: Frontier = Vec::new();
-        if depth > 0 && shape.width > 0 && !context.is_empty() {
+        let root = if grows(shape) && !context.is_empty() {
             // Committed tokens the draft has not seen yet (at least the last one).
             let logits = self.sync(context)?;
-            frontier.extend(rows(&logits)?.pop().map(|row| (None, row)));
-        }
+            rows(&logits)?.pop()
+        } else {
+            None
+        };
         let threshold = self.confidence;
+        let (model, forwards) = (&self.model, &mut self.forwards);
         let (cache, held) = self.seq.parts();
         let mut spec = cache.speculate()?;
-        for level in 1..=depth {
-            if let (Some(threshold), true) = (threshold, level > 1) {
-                // As in chains: no children below a node whose largest draft probability is
-                // under the threshold (the root always has some; the target takes over at the
-                // pruned nodes). Decided before any child is drawn, so the tree stays lossless.
-                frontier.retain(|(_, row)| confidence(row, sampling) >= threshold);
-            }
-            // Sampled trees' share of the budget (greedy ones rerank instead).
-            let left = shape.budget.saturating_sub(g.tree.len());
-            let share = left.div_ceil(depth - level + 1);
-            let mut added = g.grow(&frontier, share, shape.width, sampling, rng);
-            if added.is_empty() || level == depth {
-                break;
-            }
-            // Most probable first (stable: ties keep drafting order).
-            added.sort_by(|&a, &b| g.cum[b].total_cmp(&g.cum[a]));
-            if greedy {
-                // Expand only what can still be kept, within the draft's block of `budget`.
-                let top = g.top(shape.budget);
-                let fed = g.block_of.iter().flatten().count();
-                added.retain(|&n| top[n]);
-                added.truncate((shape.budget - fed).min(shape.budget.div_ceil(depth)));
-                if added.is_empty() {
-                    break;
-                }
-            }
-            let parents: Vec<Option<usize>> = added
-                .iter()
-                .map(|&n| g.tree.parents[n].and_then(|p| g.block_of[p]))
-                .collect();
-            let tokens: Vec<u32> = added.iter().map(|&n| g.tree.tokens[n]).collect();
-            let first = spec.appended();
-            spec.extend_tree(&parents)?;
-            let logits = self.model.forward(&tokens, spec.cache())?;
-            self.forwards += 1;
-            frontier = added
-                .iter()
-                .copied()
-                .map(Some)
-                .zip(rows(&logits)?)
-                .collect();
-            for (r, &n) in added.iter().enumerate() {
-                g.block_of[n] = Some(first + r);
-            }
-        }
-        if greedy {
-            let top = g.top(shape.budget);
-            g.keep(&top);
-        }
+        let (tree, block_of) = grow_tree(
+            &mut spec,
+            root,
+            (shape, sampling, threshold),
+            rng,
+            |spec, _, tokens| {
+                let logits = model.forward(tokens, spec.cache())?;
+                *forwards += 1;
+                rows(&logits)
+            },
+        )?;
         Ok(Box::new(ModelTreeDraft {
             spec,
             held,
-            tree: g.tree,
-            block_of: g.block_of,
+            tree,
+            block_of,
         }))
     }
+}
+
+/// Whether a tree of `shape` has any node (a root row is worth computing).
+pub(super) fn grows(shape: TreeShape) -> bool {
+    shape.depth.min(shape.budget) > 0 && shape.width > 0
+}
+
+/// Grows a tree of `shape` below `root` (the next-token logits after the committed tokens,
+/// vocabulary-sized; `None`: an empty tree), level by level, with ONE drafter forward per
+/// level over the nodes chosen for expansion: `forward(spec, parents, tokens)` runs the
+/// drafter over `tokens`, already declared in `spec` as tree nodes with these `parents`
+/// (block indices; `None` = below the root), and returns each one's next-token logits. The
+/// last level is never fed. Returns the tree and where each node lies in `spec`'s block
+/// (`None`: never fed).
+///
+/// Drafts a tree of `shape` after `context`, level by level, with ONE draft forward per
+/// level over the nodes chosen for expansion, inside the draft cache's speculation, as
+/// tree nodes (each sees the history and its ancestors); the last level is never fed.
+///
+/// Greedy (EAGLE-2's expand-then-rerank, Li et al. 2024): every expanded node gets its
+/// `width` most likely tokens as children. A level's nodes are expanded (fed) when they
+/// rank among the `budget` most probable nodes drafted so far (cumulative draft
+/// probability), most probable first, at most `ceil(budget / depth)` per level and
+/// `budget` per step (the draft speculation's block). After the last level the tree keeps
+/// the `budget` most probable of all drafted nodes; a node's cumulative probability never
+/// exceeds its parent's, so they form a tree. Without the caps it would be the `budget`
+/// most probable nodes of the full tree of the draft's top-`width` children: a node among
+/// those has its parent among the `budget` most probable when the parent's level is
+/// expanded.
+///
+/// Sampled: children must stay i.i.d. draws from `q` (multi-candidate verification is
+/// exact only then), so none is dropped for its value: each level gets an equal share of
+/// the remaining budget (`ceil(left / levels left)`), `width` draws per node in order of
+/// cumulative probability, counts fixed before drawing (see [`Growing::grow`]), and every
+/// new node but the last level's is fed.
+///
+/// Width 1 drafts exactly the chain [`super::Drafter::propose`] drafts, with the same
+/// forwards, confidence threshold included: below level 1, nodes whose largest draft
+/// probability is under it get no children.
+pub(super) fn grow_tree<'s>(
+    spec: &mut Speculation<'s>,
+    root: Option<Vec<f32>>,
+    (shape, sampling, threshold): (TreeShape, &SamplingParams, Option<f32>),
+    rng: &mut StdRng,
+    mut forward: impl FnMut(&mut Speculation<'s>, &[Option<usize>], &[u32]) -> Result<Vec<Vec<f32>>>,
+) -> Result<(DraftTree, Vec<Option<usize>>)> {
+    let mut g = Growing {
+        tree: DraftTree {
+            child_q: vec![None],
+            ..DraftTree::default()
+        },
+        cum: Vec::new(),
+        block_of: Vec::new(),
+    };
+    // No node deeper than the budget can be kept (its ancestors come first).
+    let depth = shape.depth.min(shape.budget);
+    let greedy = sampling.is_greedy();
+    let mut frontier: Frontier = Vec::new();
+    if grows(shape) {
+        frontier.extend(root.map(|row| (None, row)));
+    }
+    for level in 1..=depth {
+        if let (Some(threshold), true) = (threshold, level > 1) {
+            // As in chains: no children below a node whose largest draft probability is
+            // under the threshold (the root always has some; the target takes over at the
+            // pruned nodes). Decided before any child is drawn, so the tree stays lossless.
+            frontier.retain(|(_, row)| confidence(row, sampling) >= threshold);
+        }
+        // Sampled trees' share of the budget (greedy ones rerank instead).
+        let left = shape.budget.saturating_sub(g.tree.len());
+        let share = left.div_ceil(depth - level + 1);
+        let mut added = g.grow(&frontier, share, shape.width, sampling, rng);
+        if added.is_empty() || level == depth {
+            break;
+        }
+        // Most probable first (stable: ties keep drafting order).
+        added.sort_by(|&a, &b| g.cum[b].total_cmp(&g.cum[a]));
+        if greedy {
+            // Expand only what can still be kept, within the draft's block of `budget`.
+            let top = g.top(shape.budget);
+            let fed = g.block_of.iter().flatten().count();
+            added.retain(|&n| top[n]);
+            added.truncate((shape.budget - fed).min(shape.budget.div_ceil(depth)));
+            if added.is_empty() {
+                break;
+            }
+        }
+        let parents: Vec<Option<usize>> = added
+            .iter()
+            .map(|&n| g.tree.parents[n].and_then(|p| g.block_of[p]))
+            .collect();
+        let tokens: Vec<u32> = added.iter().map(|&n| g.tree.tokens[n]).collect();
+        let first = spec.appended();
+        spec.extend_tree(&parents)?;
+        let next = forward(spec, &parents, &tokens)?;
+        frontier = added.iter().copied().map(Some).zip(next).collect();
+        for (r, &n) in added.iter().enumerate() {
+            g.block_of[n] = Some(first + r);
+        }
+    }
+    if greedy {
+        let top = g.top(shape.budget);
+        g.keep(&top);
+    }
+    Ok((g.tree, g.block_of))
 }
 
 #[cfg(test)]

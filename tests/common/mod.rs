@@ -11,12 +11,14 @@
 //! * [`real`] — the real GGUF checkpoints in `models/real/`, skipped with a notice when absent.
 //! * [`ring_model`] — an independent model of a rotating cache's ring.
 //! * [`distribution`] — the distribution-test harness (exact distributions, chi-square).
+//! * [`eagle3`] — random EAGLE-3 heads in the authors' layout.
 #![allow(dead_code)]
 
 pub mod checkpoint;
 pub mod decode;
 pub mod device;
 pub mod distribution;
+pub mod eagle3;
 pub mod exp;
 pub mod host;
 pub mod probe;

@@ -97,9 +97,10 @@ impl Speculation<'_> {
                     .iter_mut()
                     .for_each(LayerCache::rollback);
                 self.cache.poisoned = i > 0 || !path.is_empty();
+                self.cache.hidden_settled(None)?;
                 return Err(e);
             }
         }
-        Ok(())
+        self.cache.hidden_settled(Some(path))
     }
 }

@@ -1,0 +1,229 @@
+//! The EAGLE-3 draft head (Li et al. 2025): one decoder layer that drafts from the target's
+//! own hidden states.
+//!
+//! Head position `j` reads the pair (fused target hidden state `h_j`, token `t_{j+1}`):
+//! `g = fc(h_j)` (`[aux × target_hidden] → [hidden]`; a later draft position feeds the head's
+//! own output instead, already `hidden` wide, without `fc`),
+//! `x = [input_norm(embed(t_{j+1})); hidden_norm(g)]` (`2 × hidden` wide) into the one
+//! attention (q/k/v project from `2 × hidden`), `y = r + o(attn)` with `r = g` (or
+//! `hidden_norm(g)` with `norm_before_residual`), `out = y + mlp(post_norm(y))`, logits
+//! `lm_head(norm(out))` over the draft vocabulary (`norm_output`: `out` itself is normed,
+//! and fed back normed). Draft id `i` is target id `i + d2t[i]`.
+use candle_core::{DType, Tensor};
+
+use super::attention::{Attention, AttnInput};
+use super::linear::{Linear, RmsNorm};
+use super::mlp::GatedMlp;
+use crate::cache::ModelCache;
+use crate::error::{Error, Result};
+
+/// The parts an [`Eagle3Head`] is built from (see the module doc for what each does).
+#[derive(Debug)]
+pub struct Eagle3Parts {
+    /// The token embedding `[vocab, hidden]` (the target's, unless the head has its own).
+    pub embed: Tensor,
+    /// `[hidden, aux × target_hidden]`.
+    pub fc: Linear,
+    /// Norm of the embedding half of the attention input.
+    pub input_norm: RmsNorm,
+    /// Norm of the hidden half.
+    pub hidden_norm: RmsNorm,
+    /// q/k/v from `2 × hidden`.
+    pub attn: Attention,
+    /// Norm before the MLP.
+    pub post_attention_norm: RmsNorm,
+    /// The MLP.
+    pub mlp: GatedMlp,
+    /// The final norm.
+    pub norm: RmsNorm,
+    /// `[draft_vocab, hidden]`.
+    pub lm_head: Linear,
+    /// Draft id → target id.
+    pub draft_to_target: Vec<u32>,
+    /// The residual is the normed hidden half.
+    pub norm_before_residual: bool,
+    /// The output is normed before the LM head and fed back normed.
+    pub norm_output: bool,
+    /// The layer's attention span (speculators' trainer gives heads a sliding window).
+    pub kind: super::LayerKind,
+    /// The target layers whose hidden states are fused (ids as
+    /// [`crate::cache::ModelCache::tap_hidden`] takes them).
+    pub target_layers: Vec<usize>,
+}
+
+/// A loaded EAGLE-3 head: weights only; per-sequence state is a one-layer [`ModelCache`].
+#[derive(Debug)]
+pub struct Eagle3Head {
+    parts: Eagle3Parts,
+    /// `draft_to_target` on the device, for mapping argmaxes there.
+    d2t: Tensor,
+    hidden: usize,
+    fc_in: usize,
+}
+
+impl Eagle3Head {
+    /// Checks the widths and the vocabulary map.
+    pub fn new(parts: Eagle3Parts) -> Result<Self> {
+        let (vocab, hidden) = parts.embed.dims2()?;
+        let fc = parts
+            .fc
+            .weight()
+            .ok_or_else(|| Error::invalid("eagle3: fc must be dense"))?;
+        let (fc_out, fc_in) = fc.dims2()?;
+        if fc_out != hidden {
+            return Err(Error::invalid(format!(
+                "eagle3: fc maps to {fc_out} features but the embedding is {hidden} wide"
+            )));
+        }
+        if parts.target_layers.is_empty() || fc_in % parts.target_layers.len() != 0 {
+            return Err(Error::invalid(format!(
+                "eagle3: fc reads {fc_in} features, not a multiple of the {} target layers {:?}",
+                parts.target_layers.len(),
+                parts.target_layers
+            )));
+        }
+        let draft_vocab = parts.lm_head.out_features()?;
+        if parts.draft_to_target.len() != draft_vocab {
+            return Err(Error::invalid(format!(
+                "eagle3: d2t maps {} draft ids but lm_head has {draft_vocab} rows",
+                parts.draft_to_target.len()
+            )));
+        }
+        if let Some(bad) = parts.draft_to_target.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::invalid(format!(
+                "eagle3: d2t maps a draft id to {bad}, outside the target vocabulary of {vocab}"
+            )));
+        }
+        let d2t = Tensor::new(parts.draft_to_target.as_slice(), parts.embed.device())?;
+        Ok(Self {
+            d2t,
+            hidden,
+            fc_in,
+            parts,
+        })
+    }
+
+    /// The target layers whose hidden states the head fuses.
+    pub fn target_layers(&self) -> &[usize] {
+        &self.parts.target_layers
+    }
+
+    /// Width of the fused target hidden states it reads (`aux × target_hidden`).
+    pub fn fused_width(&self) -> usize {
+        self.fc_in
+    }
+
+    /// Residual width.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &candle_core::Device {
+        self.parts.embed.device()
+    }
+
+    /// Target vocabulary size.
+    pub fn vocab_size(&self) -> Result<usize> {
+        Ok(self.parts.embed.dim(0)?)
+    }
+
+    /// Draft vocabulary size.
+    pub fn draft_vocab_size(&self) -> usize {
+        self.parts.draft_to_target.len()
+    }
+
+    /// Draft id → target id.
+    pub fn draft_to_target(&self) -> &[u32] {
+        &self.parts.draft_to_target
+    }
+
+    /// Draft ids (`[n]` u32 on the device) as target ids, on the device.
+    pub fn map_to_target(&self, draft_ids: &Tensor) -> Result<Tensor> {
+        Ok(self.d2t.index_select(draft_ids, 0)?)
+    }
+
+    /// Parameters held (the embedding counted, though it is usually the target's).
+    pub fn param_count(&self) -> usize {
+        let p = &self.parts;
+        p.fc.param_count()
+            + p.input_norm.param_count()
+            + p.hidden_norm.param_count()
+            + p.attn.param_count()
+            + p.post_attention_norm.param_count()
+            + p.mlp.param_count()
+            + p.norm.param_count()
+            + p.lm_head.param_count()
+    }
+
+    /// Empty per-sequence state: the layer's K/V (a staged ring for a sliding window: a
+    /// proposal's block of any size rolls back).
+    pub fn new_cache(&self) -> Result<ModelCache> {
+        use crate::cache::{KvCache, LayerCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP};
+        let layer = match self.parts.kind {
+            super::LayerKind::Full => LayerCache::Kv(KvCache::new(DEFAULT_STEP)),
+            super::LayerKind::Sliding { window } => {
+                LayerCache::Rotating(RotatingKvCache::new(window, RotatingStrategy::Staged)?)
+            }
+        };
+        Ok(ModelCache::new(vec![layer]))
+    }
+
+    /// One forward over `t` pairs at positions `[cache.offset(), + t)` (tree positions inside
+    /// a speculation with a tree): `ids` `[t]` u32 target ids, `features` `[t, fused_width]`
+    /// (target hidden states, through `fc`) or `[t, hidden]` (the head's own outputs).
+    /// Returns the outputs `[t, hidden]` (what a later position is fed) and the draft-vocabulary
+    /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`).
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        features: &Tensor,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let p = &self.parts;
+        let width = features.dim(1)?;
+        let g = if width == self.fc_in {
+            p.fc.forward(features)?
+        } else if width == self.hidden {
+            features.clone()
+        } else {
+            return Err(Error::invalid(format!(
+                "eagle3: features {width} wide; the head reads {} (fused target states) or {} (its own)",
+                self.fc_in, self.hidden
+            )));
+        };
+        let offset = cache.offset();
+        let embedded = p.embed.index_select(ids, 0)?;
+        let normed_hidden = p.hidden_norm.forward(&g)?;
+        let x = Tensor::cat(
+            &[p.input_norm.forward(&embedded)?, normed_hidden.clone()],
+            1,
+        )?;
+        let residual = if p.norm_before_residual {
+            normed_hidden
+        } else {
+            g
+        };
+        let h = p
+            .attn
+            .forward(AttnInput::Normed(&x), offset, cache.layer_mut(0)?)?;
+        let (y, normed) = p.post_attention_norm.add_forward(&residual, &h)?;
+        let mut out = (y + p.mlp.forward(&normed)?)?;
+        let rows = |x: &Tensor| -> Result<Tensor> {
+            let t = x.dim(0)?;
+            Ok(if last {
+                x.narrow(0, t - 1, 1)?
+            } else {
+                x.clone()
+            })
+        };
+        let logits = if p.norm_output {
+            out = p.norm.forward(&out)?;
+            p.lm_head.forward(&rows(&out)?)?
+        } else {
+            p.lm_head.forward(&p.norm.forward(&rows(&out)?)?)?
+        };
+        Ok((out, logits.to_dtype(DType::F32)?))
+    }
+}

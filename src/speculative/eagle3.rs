@@ -1,0 +1,326 @@
+//! The EAGLE-3 drafter: an [`Eagle3Head`] drafting from the target's hidden states.
+//!
+//! The head's position `j` reads the target's fused hidden state at position `j` with the
+//! committed token `j + 1`, so its cache holds one entry per target position whose token
+//! after it is committed (the target's offset, between steps). The engine hands over the
+//! target's states of committed positions after every forward ([`Drafter::read_target`]);
+//! at a proposal the head first reads the pairs committed since the last one (their K/V
+//! kept), then drafts inside a speculation of its cache that is always rolled back: later
+//! draft positions read the head's own outputs, and once accepted, their pairs are read
+//! again with the target's states (as the EAGLE-3 reference does).
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use rand::rngs::StdRng;
+
+use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter};
+use super::sampling::{sample, SamplingParams};
+use super::tree::DraftTree;
+use super::tree_draft::{grow_tree, grows};
+use crate::cache::{ModelCache, Speculation};
+use crate::error::{Error, Result};
+use crate::nn::Eagle3Head;
+
+/// Drafts with an EAGLE-3 head over the target's hidden states.
+pub struct Eagle3Drafter {
+    name: String,
+    head: Arc<Eagle3Head>,
+    cache: ModelCache,
+    /// The committed tokens behind the cache: `cache.offset() + 1` of them (empty when the
+    /// cache is).
+    held: Vec<u32>,
+    /// Target states not read yet: the position of the first and the rows.
+    pending: Option<(usize, Tensor)>,
+    /// The last read pair's output and logits (`[1, hidden]`, `[1, draft_vocab]`), for a
+    /// proposal with no new committed pair.
+    last: Option<(Tensor, Tensor)>,
+    forwards: usize,
+}
+
+impl Eagle3Drafter {
+    /// A drafter named `name` over `head`.
+    pub fn new(name: impl Into<String>, head: Arc<Eagle3Head>) -> Result<Self> {
+        let cache = head.new_cache()?;
+        Ok(Self {
+            name: name.into(),
+            head,
+            cache,
+            held: Vec::new(),
+            pending: None,
+            last: None,
+            forwards: 0,
+        })
+    }
+
+    /// Reads the pairs `context` committed that the cache lacks (rewinding past a
+    /// divergence first); returns the last pair's output and logits. Errors when the target
+    /// did not hand over the states they need.
+    fn sync(&mut self, context: &[u32]) -> Result<(Tensor, Tensor)> {
+        let shared = self
+            .held
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = self.cache.offset().min(shared.saturating_sub(1));
+        if keep < self.cache.offset() {
+            self.cache.restore(None, keep)?;
+            self.held.truncate(keep + 1);
+            self.last = None;
+        }
+        let (from, to) = (self.cache.offset(), context.len().saturating_sub(1));
+        if from == to {
+            return self.last.clone().ok_or_else(|| {
+                Error::invalid("eagle3: a proposal before any committed pair (a one-token prompt?)")
+            });
+        }
+        let states = self.states(from, to)?;
+        let ids = Tensor::new(&context[from + 1..=to], &states.device().clone())?;
+        let (out, logits) = self.head.forward(&ids, &states, &mut self.cache, true)?;
+        self.forwards += 1;
+        self.held.clear();
+        self.held.extend_from_slice(&context[..=to]);
+        let last = (out.narrow(0, to - from - 1, 1)?, logits);
+        self.last = Some(last.clone());
+        Ok(last)
+    }
+
+    /// The target's states of positions `[from, to)`, taken out of the pending rows.
+    fn states(&mut self, from: usize, to: usize) -> Result<Tensor> {
+        let missing = || {
+            Error::invalid(format!(
+                "eagle3: the target's hidden states of positions [{from}, {to}) were not handed over (a target cache reused without them?)"
+            ))
+        };
+        let (start, rows) = self.pending.take().ok_or_else(missing)?;
+        let n = rows.dim(0)?;
+        if from < start || to > start + n {
+            self.pending = Some((start, rows));
+            return Err(missing());
+        }
+        let wanted = rows.narrow(0, from - start, to - from)?;
+        if start + n > to {
+            self.pending = Some((to, rows.narrow(0, to - start, start + n - to)?));
+        }
+        Ok(wanted)
+    }
+
+    fn chain<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+        sampling: &SamplingParams,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        let (mut out, mut logits) = self.sync(context)?;
+        let device = out.device().clone();
+        let mut tokens = Vec::with_capacity(max);
+        let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
+        let mut spec = self.cache.speculate()?;
+        loop {
+            let (token, q) = pick(&self.head, &logits, sampling, rng)?;
+            tokens.push(token);
+            if let (Some(all), Some(q)) = (probs.as_mut(), q) {
+                all.push(q);
+            }
+            if tokens.len() == max {
+                break;
+            }
+            let ids = Tensor::new(&[token], &device)?;
+            (out, logits) = self.head.forward(&ids, &out, spec.cache(), true)?;
+            self.forwards += 1;
+        }
+        Ok(Box::new(Eagle3Draft {
+            _spec: spec,
+            tree: DraftTree::default(),
+            tokens,
+            probs,
+        }))
+    }
+
+    fn tree<'a>(
+        &'a mut self,
+        context: &[u32],
+        request: &DraftRequest,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        let shape = request.shape;
+        let sampling = &request.sampling;
+        let root = if grows(shape) {
+            Some(self.sync(context)?)
+        } else {
+            None
+        };
+        let device = self.head.device().clone();
+        let head = Arc::clone(&self.head);
+        let root_out = root.as_ref().map(|(out, _)| out.clone());
+        let root_row = match &root {
+            Some((_, logits)) => Some(target_row(&head, &logits.squeeze(0)?.to_vec1::<f32>()?)?),
+            None => None,
+        };
+        let forwards = &mut self.forwards;
+        let mut spec = self.cache.speculate()?;
+        // Each fed node's output, by its index in the speculation's block.
+        let mut outs: Vec<Tensor> = Vec::new();
+        let (tree, _) = grow_tree(
+            &mut spec,
+            root_row,
+            (shape, sampling, None),
+            rng,
+            |spec, parents, tokens| {
+                let features = parents
+                    .iter()
+                    .map(|p| match p {
+                        Some(b) => Ok(outs[*b].clone()),
+                        None => root_out
+                            .clone()
+                            .ok_or_else(|| Error::invalid("eagle3: a node below a missing root")),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let ids = Tensor::new(tokens, &device)?;
+                let (out, logits) =
+                    head.forward(&ids, &Tensor::cat(&features, 0)?, spec.cache(), false)?;
+                *forwards += 1;
+                for r in 0..tokens.len() {
+                    outs.push(out.narrow(0, r, 1)?);
+                }
+                logits
+                    .to_vec2::<f32>()?
+                    .iter()
+                    .map(|row| target_row(&head, row))
+                    .collect()
+            },
+        )?;
+        Ok(Box::new(Eagle3Draft {
+            _spec: spec,
+            tokens: Vec::new(),
+            probs: None,
+            tree,
+        }))
+    }
+}
+
+/// The target id drafted from draft-vocabulary `logits` (`[1, draft_vocab]`), with the
+/// target-vocabulary distribution it was drawn from (sampling only).
+fn pick(
+    head: &Eagle3Head,
+    logits: &Tensor,
+    sampling: &SamplingParams,
+    rng: &mut StdRng,
+) -> Result<(u32, Option<Vec<f32>>)> {
+    if sampling.is_greedy() {
+        let best = crate::nn::argmax_rows(logits)?[0];
+        return Ok((head.draft_to_target()[best as usize], None));
+    }
+    let q = sampling.probs(&target_row(head, &logits.squeeze(0)?.to_vec1::<f32>()?)?);
+    Ok((sample(&q, rng) as u32, Some(q)))
+}
+
+/// Draft-vocabulary logits as target-vocabulary logits (`-inf` where the draft vocabulary
+/// has no id), so that `q` is built over the target's ids as `p` is.
+fn target_row(head: &Eagle3Head, draft_row: &[f32]) -> Result<Vec<f32>> {
+    let mut row = vec![f32::NEG_INFINITY; head.vocab_size()?];
+    for (&t, &l) in head.draft_to_target().iter().zip(draft_row) {
+        row[t as usize] = l;
+    }
+    Ok(row)
+}
+
+/// A proposal; its speculation of the head's cache is rolled back whatever is accepted.
+struct Eagle3Draft<'a> {
+    _spec: Speculation<'a>,
+    /// A chain's drafts (empty for a tree).
+    tokens: Vec<u32>,
+    probs: Option<Vec<Vec<f32>>>,
+    tree: DraftTree,
+}
+
+impl Draft for Eagle3Draft<'_> {
+    fn block(&self) -> DraftBlock<'_> {
+        if self.tokens.is_empty() && !self.tree.tokens.is_empty() {
+            return DraftBlock::Tree(&self.tree);
+        }
+        DraftBlock::Chain {
+            tokens: &self.tokens,
+            probs: self.probs.as_deref(),
+        }
+    }
+    fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drafter for Eagle3Drafter {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.cache.reset();
+        self.held.clear();
+        self.pending = None;
+        self.last = None;
+        self.forwards = 0;
+        Ok(())
+    }
+
+    fn target_layers(&self) -> Option<&[usize]> {
+        Some(self.head.target_layers())
+    }
+
+    /// Keeps `states` as the target's states from position `start` on (replacing any held
+    /// for those positions: the target rewound).
+    fn read_target(&mut self, start: usize, states: Tensor) -> Result<()> {
+        let width = states.dim(1)?;
+        if width != self.head.fused_width() {
+            return Err(Error::invalid(format!(
+                "eagle3: the target hands over {width}-wide hidden states; the head fuses {} ({} layers)",
+                self.head.fused_width(),
+                self.head.target_layers().len()
+            )));
+        }
+        self.pending = match self.pending.take() {
+            Some((p0, rows)) if p0 < start && start <= p0 + rows.dim(0)? => {
+                let kept = rows.narrow(0, 0, start - p0)?;
+                Some((p0, Tensor::cat(&[kept, states], 0)?))
+            }
+            _ => Some((start, states)),
+        };
+        Ok(())
+    }
+
+    /// Reads the prompt's pairs (all but the last token's, which pairs with the first new
+    /// token).
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        if prompt.len() >= 2 {
+            self.sync(prompt)?;
+        }
+        Ok(())
+    }
+
+    /// A chain (greedy or sampled) or an EAGLE-2-style dynamic tree.
+    fn propose<'a>(
+        &'a mut self,
+        context: &[u32],
+        request: &DraftRequest,
+        rng: &mut StdRng,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        if !request.is_chain() {
+            return self.tree(context, request, rng);
+        }
+        let max = request.chain_len();
+        if max == 0 || context.is_empty() {
+            return Ok(Box::new(Eagle3Draft {
+                _spec: self.cache.speculate()?,
+                tokens: Vec::new(),
+                probs: None,
+                tree: DraftTree::default(),
+            }));
+        }
+        self.chain(context, max, &request.sampling, rng)
+    }
+
+    fn forwards(&self) -> usize {
+        self.forwards
+    }
+}

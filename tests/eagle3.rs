@@ -1,0 +1,161 @@
+//! The EAGLE-3 drafter: the target's hidden states handed out by its forwards equal a fresh
+//! forward's, transactionally (a rolled-back block leaves none); greedy EAGLE-3 speculation
+//! equals autoregressive decoding token for token, chains and trees, on a rotating target
+//! (the shipped Mistral-architecture target, both strategies, far past its window) and a
+//! full-attention one (the shipped Llama-architecture draft used as a target).
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use common::checkpoint::shipped;
+use common::eagle3::random_head;
+use common::host::rel_err;
+use common::run::fresh;
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::models::{load_eagle3, Model};
+use specdec::speculative::{
+    Drafting, Eagle3Drafter, GammaPolicy, GenParams, LanguageModel, SamplingParams, TreeParams,
+};
+
+const STRATEGIES: [RotatingStrategy; 2] = [
+    RotatingStrategy::Staged,
+    // Room for the tree's block of 10 drafts.
+    RotatingStrategy::Slack { max_draft: 10 },
+];
+
+fn tokens(n: usize, vocab: usize, seed: usize) -> Vec<u32> {
+    common::decode::tokens(n, vocab, seed)
+}
+
+/// The hidden states a fresh cache's one forward over `tokens` records for `layers`.
+fn fresh_states(model: &Model, tokens: &[u32], layers: &[usize]) -> Tensor {
+    let mut cache = model.new_cache(RotatingStrategy::Staged).unwrap();
+    cache.tap_hidden(Some(layers));
+    model.forward(tokens, &mut cache).unwrap();
+    let (start, rows) = cache.take_hidden().unwrap().expect("rows");
+    assert_eq!(start, 0);
+    rows
+}
+
+#[test]
+fn hidden_states_follow_the_cache_transactions() {
+    let target = shipped("target");
+    let vocab = target.info().vocab_size;
+    // Every layer id: the embeddings (0), inner layers, the last layer's output (4), one twice.
+    let layers = [0, 1, 2, 4, 2];
+    for strategy in STRATEGIES {
+        let all = tokens(120, vocab, 3);
+        let mut cache: ModelCache = target.new_cache(strategy).unwrap();
+        cache.tap_hidden(Some(&layers));
+        target.forward_last(&all[..70], &mut cache).unwrap();
+        // A block of 6 keeps 3; a block of 5 is rolled back; a tree block keeps a path.
+        let mut spec = cache.speculate().unwrap();
+        target.forward(&all[70..76], spec.cache()).unwrap();
+        spec.commit(3).unwrap();
+        let mut spec = cache.speculate().unwrap();
+        target.forward(&tokens(5, vocab, 9), spec.cache()).unwrap();
+        drop(spec);
+        let mut spec = cache.speculate().unwrap();
+        // Nodes: 0 (root child) -> 1, 0 -> 2 -> 3; keep the path 0, 2, 3.
+        spec.extend_tree(&[None, Some(0), Some(0), Some(2)])
+            .unwrap();
+        let nodes = [all[73], 5, all[74], all[75]];
+        target.forward(&nodes, spec.cache()).unwrap();
+        spec.commit_path(&[0, 2, 3]).unwrap();
+        let (start, rows) = cache.take_hidden().unwrap().expect("rows");
+        assert_eq!(start, 0);
+        assert!(
+            cache.take_hidden().unwrap().is_none(),
+            "rows handed out twice"
+        );
+        let expected = fresh_states(&target, &all[..76], &layers);
+        assert_eq!(rows.dims(), expected.dims(), "{strategy:?}");
+        let err = rel_err(&rows, &expected, 1e-3);
+        assert!(err < 1e-4, "{strategy:?}: relative error {err}");
+    }
+}
+
+fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
+    GenParams {
+        max_new_tokens,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(gamma),
+        stop_at_eos: false,
+    }
+}
+
+/// Greedy speculation with `head` on `target` equals autoregressive decoding for chains of
+/// several lengths and a tree, every rotating strategy; returns the accepted drafts per step.
+fn check_greedy(target: &Model, head_dir: &Path, prompts: &[Vec<u32>], new: usize) -> f64 {
+    let head =
+        Arc::new(load_eagle3(head_dir, target.num_layers(), target.embedding()).expect("head"));
+    let mut accepted = (0usize, 0usize);
+    for strategy in STRATEGIES {
+        let mut drafter = Eagle3Drafter::new("eagle3", Arc::clone(&head)).unwrap();
+        for prompt in prompts {
+            let mut cache = target.new_cache(strategy).unwrap();
+            let mut rng = StdRng::seed_from_u64(0);
+            let ar = fresh(
+                target,
+                &mut cache,
+                prompt,
+                &greedy(new, 1),
+                Drafting::None,
+                &mut rng,
+            )
+            .unwrap();
+            let trees = [
+                TreeParams::chain(),
+                TreeParams {
+                    width: 3,
+                    budget: 10,
+                    ..TreeParams::chain()
+                },
+            ];
+            for gamma in [1, 3, 5] {
+                for tree in trees {
+                    let r = fresh(
+                        target,
+                        &mut cache,
+                        prompt,
+                        &greedy(new, gamma),
+                        Drafting::tree(&mut drafter, tree),
+                        &mut rng,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        r.output_ids, ar.output_ids,
+                        "{strategy:?} γ = {gamma} tree width {}",
+                        tree.width
+                    );
+                    assert!(r.draft_forwards > 0);
+                    accepted.0 += r.accepted.iter().sum::<usize>();
+                    accepted.1 += r.accepted.len();
+                }
+            }
+        }
+    }
+    accepted.0 as f64 / accepted.1 as f64
+}
+
+#[test]
+fn greedy_eagle3_equals_autoregressive_on_a_rotating_target() {
+    let target = shipped("target");
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (1024, 256), &[1, 2, 3], 300, 7);
+    let prompts = [tokens(30, 1024, 1), tokens(90, 1024, 2)];
+    // 150 new tokens: the 64-token window slides far.
+    check_greedy(&target, tmp.path(), &prompts, 150);
+}
+
+#[test]
+fn greedy_eagle3_equals_autoregressive_on_a_full_attention_target() {
+    let target = shipped("draft");
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (1024, 128), &[0, 1, 2], 1024, 11);
+    let prompts = [tokens(20, 1024, 4), tokens(45, 1024, 5)];
+    check_greedy(&target, tmp.path(), &prompts, 80);
+}
