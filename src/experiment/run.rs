@@ -27,7 +27,8 @@ use super::runner::{
 use super::summary::{summarize, PointSummary};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
-use crate::models::{load_tokenizer, LoadOptions};
+use crate::models::{load_eagle3, load_tokenizer, LoadOptions};
+use crate::nn::Eagle3Head;
 use crate::speculative::ReferenceStore;
 
 /// How to run an experiment.
@@ -114,6 +115,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     if let Some(width) = align_vocabularies(&mut all) {
         eprintln!("note: models pad their vocabularies differently; logits limited to the shared first {width} ids");
     }
+    let heads = load_heads(config, &target)?;
     let context = describe(config, &target, &drafts, &device, prompts.len());
     let decode = |ids: &[u32]| -> Result<String> {
         tokenizer
@@ -122,7 +124,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     };
     let session = Session {
         target: Arc::new(target),
-        drafters: draft_sources(config, drafts),
+        drafters: draft_sources(config, drafts, heads),
         prompts,
         decode: &decode,
     };
@@ -256,9 +258,29 @@ fn load_drafts(
     Ok(drafts)
 }
 
+/// The EAGLE-3 heads the sweep uses, loaded for the target (its layers and embedding).
+fn load_heads(
+    config: &ExperimentConfig,
+    target: &LoadedModel,
+) -> Result<BTreeMap<String, Arc<Eagle3Head>>> {
+    let mut heads = BTreeMap::new();
+    for name in config.used_drafters() {
+        let Some(d) = config.drafters.get(name) else {
+            continue;
+        };
+        if let (DrafterKind::Eagle3, Some(path)) = (d.kind, &d.path) {
+            let head = load_eagle3(path, target.model.num_layers(), target.model.embedding())
+                .map_err(|e| Error::invalid(format!("drafters.{name}: {e}")))?;
+            heads.insert(name.to_string(), Arc::new(head));
+        }
+    }
+    Ok(heads)
+}
+
 fn draft_sources(
     config: &ExperimentConfig,
     mut models: BTreeMap<String, LoadedModel>,
+    mut heads: BTreeMap<String, Arc<Eagle3Head>>,
 ) -> BTreeMap<String, DraftSource<LoadedModel>> {
     let mut sources = BTreeMap::new();
     // One store of greedy references for every oracle of the run.
@@ -267,6 +289,10 @@ fn draft_sources(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
+        if let Some(head) = heads.remove(name) {
+            sources.insert(name.to_string(), DraftSource::Eagle3 { head });
+            continue;
+        }
         let source = match (d.kind, models.remove(name)) {
             (DrafterKind::Model, Some(model)) => DraftSource::Model {
                 model: Arc::new(model),

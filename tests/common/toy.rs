@@ -50,6 +50,11 @@ impl Toy {
         self
     }
 
+    /// The embedding table `[vocab, dim]`.
+    pub fn embedding(&self) -> &Tensor {
+        &self.emb
+    }
+
     /// Logits of the last position of a fresh full forward over `tokens`.
     pub fn last_logits(&self, tokens: &[u32]) -> Vec<f32> {
         let mut cache = self.new_cache(RotatingStrategy::Staged).unwrap();
@@ -74,7 +79,17 @@ impl LanguageModel for Toy {
         }
         let p = candle_nn::ops::softmax_last_dim(&scores)?;
         let h = p.matmul(&att_v.contiguous()?)?.reshape((n, dim))?;
-        let mut logits = (x + h)?.matmul(&self.out)?;
+        let y = (&x + h)?;
+        // Hidden states for a drafter that reads them: layer 0 = the embeddings, 1 = the
+        // layer's output.
+        if let Some(layers) = cache.hidden_layers().map(<[usize]>::to_vec) {
+            let rows = layers
+                .iter()
+                .map(|&l| if l == 0 { x.clone() } else { y.clone() })
+                .collect::<Vec<_>>();
+            cache.record_hidden(Tensor::cat(&rows, 1)?);
+        }
+        let mut logits = y.matmul(&self.out)?;
         if self.successor_bias != 0.0 {
             let mut bias = vec![0f32; n * self.vocab];
             for (i, &t) in tokens.iter().enumerate() {

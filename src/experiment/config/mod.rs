@@ -163,7 +163,7 @@ impl Default for TargetConfig {
     }
 }
 
-/// `kind = "model" | "ngram" | "oracle"`.
+/// `kind = "model" | "ngram" | "oracle" | "eagle3"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DrafterKind {
@@ -171,6 +171,9 @@ pub enum DrafterKind {
     Model,
     /// Prompt lookup: copy what followed the last match of the context's suffix.
     Ngram,
+    /// An EAGLE-3 head (`path`: its directory, in the authors' or the `speculators` layout)
+    /// drafting from the target's hidden states.
+    Eagle3,
     /// Synthetic acceptance for speed studies: the target's own greedy continuation, each
     /// token kept with probability `alpha` (greedy sampling only); with `path`, a draft
     /// model's forwards are run for their cost.
@@ -183,8 +186,8 @@ pub enum DrafterKind {
 pub struct DrafterConfig {
     /// What drafts.
     pub kind: DrafterKind,
-    /// `model`: the draft's Hugging Face directory; `oracle` (optional): a model whose
-    /// forwards are run for their cost.
+    /// `model`: the draft's Hugging Face directory; `eagle3`: the head's directory; `oracle`
+    /// (optional): a model whose forwards are run for their cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// `model`: keep a GGUF draft's quantized matrices quantized (as `target.quantized`).

@@ -49,7 +49,7 @@ impl ExperimentConfig {
         }
         for name in self.used_drafters() {
             if let Some(DrafterConfig {
-                kind: DrafterKind::Model | DrafterKind::Oracle,
+                kind: DrafterKind::Model | DrafterKind::Oracle | DrafterKind::Eagle3,
                 path: Some(path),
                 ..
             }) = self.drafters.get(name)
@@ -324,6 +324,24 @@ fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
             if let Some(c) = d.confidence {
                 if !(c > 0.0 && c < 1.0) {
                     problems.push(format!("{key}.confidence = {c}: must be in (0, 1)"));
+                }
+            }
+        }
+        DrafterKind::Eagle3 => {
+            if d.path.is_none() {
+                problems.push(format!(
+                    "{key}.path: required for kind = \"eagle3\" (the head's directory)"
+                ));
+            }
+            for (field, set) in [
+                ("confidence", d.confidence.is_some()),
+                ("min_ngram", d.min_ngram.is_some()),
+                ("max_ngram", d.max_ngram.is_some()),
+            ] {
+                if set {
+                    problems.push(format!(
+                        "{key}.{field}: does not apply to kind = \"eagle3\""
+                    ));
                 }
             }
         }

@@ -12,8 +12,8 @@ use crate::experiment::config::{CacheChoice, ExperimentConfig, Method};
 use crate::experiment::schedule::{schedule, turn_ends};
 use crate::experiment::sweep::{max_block, rotating_strategy, SweepPoint};
 use crate::speculative::{
-    generate, CachedSequence, Drafter, Drafting, GenParams, LanguageModel, ModelDrafter,
-    NgramDrafter, OracleDrafter, SamplingParams,
+    generate, CachedSequence, Drafter, Drafting, Eagle3Drafter, GenParams, LanguageModel,
+    ModelDrafter, NgramDrafter, OracleDrafter, SamplingParams,
 };
 
 impl<M: LanguageModel + 'static> Session<'_, M> {
@@ -153,6 +153,7 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 min_ngram,
                 max_ngram,
             } => Box::new(NgramDrafter::new(name, *min_ngram, *max_ngram)?),
+            DraftSource::Eagle3 { head } => Box::new(Eagle3Drafter::new(name, Arc::clone(head))?),
             DraftSource::Oracle {
                 alpha,
                 cost,

@@ -23,6 +23,11 @@ pub enum DraftSource<M> {
         /// Greedy references by prompt, shared by the run's oracles.
         references: ReferenceStore,
     },
+    /// An EAGLE-3 head over the target's hidden states (each point gets fresh caches).
+    Eagle3 {
+        /// The head.
+        head: Arc<crate::nn::Eagle3Head>,
+    },
     /// Prompt lookup.
     Ngram {
         /// Shortest suffix matched.
