@@ -2,7 +2,8 @@
 //! forward's, transactionally (a rolled-back block leaves none); greedy EAGLE-3 speculation
 //! equals autoregressive decoding token for token, chains and trees, on a rotating target
 //! (the shipped Mistral-architecture target, both strategies, far past its window) and a
-//! full-attention one (the shipped Llama-architecture draft used as a target).
+//! full-attention one (the shipped Llama-architecture draft used as a target; SmolLM2-135M
+//! where the real checkpoints are fetched).
 mod common;
 
 use std::path::Path;
@@ -89,11 +90,16 @@ fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
 
 /// Greedy speculation with `head` on `target` equals autoregressive decoding for chains of
 /// several lengths and a tree, every rotating strategy; returns the accepted drafts per step.
-fn check_greedy(target: &Model, head_dir: &Path, prompts: &[Vec<u32>], new: usize) -> f64 {
+fn check_greedy(
+    target: &Model,
+    head_dir: &Path,
+    prompts: &[Vec<u32>],
+    (new, strategies): (usize, &[RotatingStrategy]),
+) -> f64 {
     let head =
         Arc::new(load_eagle3(head_dir, target.num_layers(), target.embedding()).expect("head"));
     let mut accepted = (0usize, 0usize);
-    for strategy in STRATEGIES {
+    for &strategy in strategies {
         let mut drafter = Eagle3Drafter::new("eagle3", Arc::clone(&head)).unwrap();
         for prompt in prompts {
             let mut cache = target.new_cache(strategy).unwrap();
@@ -148,7 +154,7 @@ fn greedy_eagle3_equals_autoregressive_on_a_rotating_target() {
     random_head(tmp.path(), (1024, 256), &[1, 2, 3], 300, 7);
     let prompts = [tokens(30, 1024, 1), tokens(90, 1024, 2)];
     // 150 new tokens: the 64-token window slides far.
-    check_greedy(&target, tmp.path(), &prompts, 150);
+    check_greedy(&target, tmp.path(), &prompts, (150, &STRATEGIES));
 }
 
 #[test]
@@ -157,5 +163,21 @@ fn greedy_eagle3_equals_autoregressive_on_a_full_attention_target() {
     let tmp = tempfile::tempdir().unwrap();
     random_head(tmp.path(), (1024, 128), &[0, 1, 2], 1024, 11);
     let prompts = [tokens(20, 1024, 4), tokens(45, 1024, 5)];
-    check_greedy(&target, tmp.path(), &prompts, 80);
+    check_greedy(&target, tmp.path(), &prompts, (80, &STRATEGIES));
+}
+
+#[test]
+fn greedy_eagle3_equals_autoregressive_on_smollm2() {
+    let Some(path) = common::real::real_model(
+        "greedy_eagle3_equals_autoregressive_on_smollm2",
+        common::real::SMOLLM2,
+    ) else {
+        return;
+    };
+    let target = common::checkpoint::load(&path);
+    let tmp = tempfile::tempdir().unwrap();
+    // vLLM's default layers for 30 layers; a reduced draft vocabulary.
+    random_head(tmp.path(), (49_152, 576), &[2, 15, 27], 2000, 13);
+    let prompts = [tokens(30, 49_000, 6), tokens(50, 49_000, 8)];
+    check_greedy(&target, tmp.path(), &prompts, (40, &STRATEGIES[..1]));
 }
