@@ -181,3 +181,53 @@ fn greedy_eagle3_equals_autoregressive_on_smollm2() {
     let prompts = [tokens(30, 49_000, 6), tokens(50, 49_000, 8)];
     check_greedy(&target, tmp.path(), &prompts, (40, &STRATEGIES[..1]));
 }
+
+#[test]
+fn an_oracle_runs_an_eagle3_head_for_its_cost() {
+    use specdec::speculative::{Drafter, OracleDrafter, ReferenceStore};
+    let target = Arc::new(shipped("target"));
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (1024, 256), &[1, 2, 3], 300, 7);
+    let head = load_eagle3(tmp.path(), target.num_layers(), target.embedding()).unwrap();
+    let oracle = OracleDrafter::new(
+        "oracle",
+        Arc::clone(&target),
+        0.8,
+        None,
+        ReferenceStore::default(),
+    )
+    .unwrap();
+    let mut oracle = oracle.with_eagle3_cost(Arc::new(head)).unwrap();
+    let prompt = tokens(40, 1024, 3);
+    let strategy = STRATEGIES[1];
+    let mut cache = target.new_cache(strategy).unwrap();
+    let mut rng = StdRng::seed_from_u64(0);
+    let ar = fresh(
+        target.as_ref(),
+        &mut cache,
+        &prompt,
+        &greedy(90, 1),
+        Drafting::None,
+        &mut rng,
+    )
+    .unwrap();
+    oracle.prepare(&prompt, 90).unwrap();
+    let r = fresh(
+        target.as_ref(),
+        &mut cache,
+        &prompt,
+        &greedy(90, 4),
+        Drafting::chain(&mut oracle),
+        &mut rng,
+    )
+    .unwrap();
+    assert_eq!(r.output_ids, ar.output_ids);
+    assert_eq!(oracle.reference_mismatches(), 0);
+    // The head's prefill, then per step one read of the new pairs and three drafting forwards.
+    let steps = r.accepted.len();
+    assert!(
+        r.draft_forwards >= 1 + 2 * steps,
+        "{} forwards in {steps} steps",
+        r.draft_forwards
+    );
+}

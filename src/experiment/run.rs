@@ -27,7 +27,7 @@ use super::runner::{
 use super::summary::{summarize, PointSummary};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
-use crate::models::{load_eagle3, load_tokenizer, LoadOptions};
+use crate::models::{is_eagle3, load_eagle3, load_tokenizer, LoadOptions};
 use crate::nn::Eagle3Head;
 use crate::speculative::ReferenceStore;
 
@@ -246,6 +246,9 @@ fn load_drafts(
             continue;
         };
         if let (DrafterKind::Model | DrafterKind::Oracle, Some(path)) = (d.kind, &d.path) {
+            if d.kind == DrafterKind::Oracle && is_eagle3(path) {
+                continue;
+            }
             let opts = LoadOptions {
                 quantized: d.quantized,
                 ..load.clone()
@@ -268,7 +271,12 @@ fn load_heads(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
-        if let (DrafterKind::Eagle3, Some(path)) = (d.kind, &d.path) {
+        let head_path = match (d.kind, &d.path) {
+            (DrafterKind::Eagle3, Some(path)) => Some(path),
+            (DrafterKind::Oracle, Some(path)) if is_eagle3(path) => Some(path),
+            _ => None,
+        };
+        if let Some(path) = head_path {
             let head = load_eagle3(path, target.model.num_layers(), target.model.embedding())
                 .map_err(|e| Error::invalid(format!("drafters.{name}: {e}")))?;
             heads.insert(name.to_string(), Arc::new(head));
@@ -289,7 +297,8 @@ fn draft_sources(
         let Some(d) = config.drafters.get(name) else {
             continue;
         };
-        if let Some(head) = heads.remove(name) {
+        if let (Some(head), DrafterKind::Eagle3) = (heads.get(name), d.kind) {
+            let head = Arc::clone(head);
             sources.insert(name.to_string(), DraftSource::Eagle3 { head });
             continue;
         }
@@ -301,6 +310,7 @@ fn draft_sources(
             (DrafterKind::Oracle, cost) => DraftSource::Oracle {
                 alpha: d.alpha.unwrap_or(1.0),
                 cost: cost.map(Arc::new),
+                cost_head: heads.remove(name),
                 references: references.clone(),
             },
             _ => {

@@ -192,6 +192,26 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
     })
 }
 
+/// True when `dir` holds an EAGLE-3 head (its `config.json` names the `speculators` type
+/// `eagle3` or an `Eagle3` architecture), not a model.
+pub fn is_eagle3(dir: &Path) -> bool {
+    let Ok(cfg) = HfConfig::read(&dir.join("config.json")) else {
+        return false;
+    };
+    if cfg.str("speculators_model_type").ok().flatten() == Some("eagle3") {
+        return true;
+    }
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("architectures").cloned())
+        .and_then(|a| a.as_array().cloned())
+        .is_some_and(|a| {
+            a.iter()
+                .any(|x| x.as_str().is_some_and(|s| s.contains("Eagle3")))
+        })
+}
+
 /// The layers vLLM and the EAGLE-3 reference fuse when a checkpoint names none: the inputs
 /// of layers 2, `n / 2` and `n − 3`.
 fn default_layers(n: usize) -> Result<Vec<usize>> {

@@ -19,7 +19,7 @@ use std::str::FromStr;
 use candle_core::{DType, Device, Tensor};
 
 pub use config::HfConfig;
-pub use eagle3::load_eagle3;
+pub use eagle3::{is_eagle3, load_eagle3};
 pub use gguf::GGUF_ARCHITECTURES;
 
 use crate::cache::{ModelCache, RotatingStrategy};

@@ -218,22 +218,34 @@ impl Decoder {
             input = block.forward(input, offset, cache.layer_mut(i)?)?;
         }
         tap(&taps, self.blocks.len(), &input, &mut tapped)?;
-        if let Some(taps) = &taps {
-            // In the order asked, a layer asked twice given twice.
-            let rows = taps
-                .iter()
-                .map(|id| tapped.iter().find(|(i, _)| i == id).map(|(_, x)| x.clone()))
-                .collect::<Option<Vec<Tensor>>>()
-                .ok_or_else(|| {
-                    Error::invalid(format!(
-                        "hidden states of layers {taps:?} asked of a model of {} layers (ids 0..={})",
-                        self.blocks.len(),
-                        self.blocks.len()
-                    ))
-                })?;
-            cache.record_hidden(Tensor::cat(&rows, 1)?);
+        if let Some(hidden) = self.tapped_rows(&taps, tapped)? {
+            cache.record_hidden(hidden);
         }
         self.head(input, last, true)
+    }
+
+    /// The hidden states `taps` asks for, from the streams `tapped` kept, concatenated in
+    /// the order asked (a layer asked twice given twice): `[t, taps × hidden]`.
+    fn tapped_rows(
+        &self,
+        taps: &Option<Vec<usize>>,
+        tapped: Vec<(usize, Tensor)>,
+    ) -> Result<Option<Tensor>> {
+        let Some(taps) = taps else {
+            return Ok(None);
+        };
+        let rows = taps
+            .iter()
+            .map(|id| tapped.iter().find(|(i, _)| i == id).map(|(_, x)| x.clone()))
+            .collect::<Option<Vec<Tensor>>>()
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "hidden states of layers {taps:?} asked of a model of {} layers (ids 0..={})",
+                    self.blocks.len(),
+                    self.blocks.len()
+                ))
+            })?;
+        Ok(Some(Tensor::cat(&rows, 1)?))
     }
 
     /// Last residual add, final norm, LM head (of the last row only when `last`), softcap:
@@ -297,10 +309,6 @@ impl Decoder {
         if t > GRAPH_MAX_ROWS || cache.offset() == 0 || !super::graphs::graphs_enabled() {
             return Ok(None);
         }
-        // Recorded steps hand out no hidden states.
-        if cache.hidden_layers().is_some() {
-            return Ok(None);
-        }
         // Recorded steps read dense weights (quantized layers run candle's quantized matmul).
         let Some(gate_ups) = self
             .blocks
@@ -327,6 +335,12 @@ impl Decoder {
         };
         let len = (cache.offset() + tokens.len()) as u32;
         let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        // A step that hands out hidden states is another recording per set of layers.
+        let taps = cache.hidden_layers().map(<[usize]>::to_vec);
+        if let Some(taps) = &taps {
+            key.push(u64::MAX);
+            key.extend(taps.iter().map(|&l| l as u64));
+        }
         // Per layer: the attention's reach (a recording serves the steps of one reach: its
         // kernels launch blocks for the keys below it only; a ring's is all its slots) and a
         // ring's window and the positions its RoPE table must cover.
@@ -356,19 +370,27 @@ impl Decoder {
                     x = (x * scale)?;
                 }
                 let mut input = Input::Embedded(x);
+                let mut tapped = Vec::new();
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
-                for (((block, (k, v, _)), gate_up), (reach, ring)) in per_layer {
+                for (i, (((block, (k, v, _)), gate_up), (reach, ring))) in per_layer.enumerate() {
+                    tap(&taps, i, &input, &mut tapped)?;
                     let gate_up = *gate_up;
                     input = block.forward_with(input, |attn, input| {
                         attn.forward_in_place(input, (k, v), (len, *reach), *ring, Some(gate_up))
                     })?;
                 }
-                self.head(input, last && t > 1, !greedy)
+                tap(&taps, self.blocks.len(), &input, &mut tapped)?;
+                let hidden = self.tapped_rows(&taps, tapped)?;
+                Ok((self.head(input, last && t > 1, !greedy)?, hidden))
             })?;
-        if logits.is_some() {
-            cache.advance(tokens.len());
+        let Some((logits, hidden)) = logits else {
+            return Ok(None);
+        };
+        cache.advance(tokens.len());
+        if let Some(hidden) = hidden {
+            cache.record_hidden(hidden);
         }
-        Ok(logits)
+        Ok(Some(logits))
     }
 
     /// Refuses empty input, out-of-vocabulary ids (device ids by their bound, unread) and

@@ -113,6 +113,9 @@ impl Eagle3Drafter {
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
         let (mut out, mut logits) = self.sync(context)?;
+        if sampling.is_greedy() {
+            return self.greedy_chain(out, logits, max);
+        }
         let device = out.device().clone();
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
@@ -135,6 +138,35 @@ impl Eagle3Drafter {
             tree: DraftTree::default(),
             tokens,
             probs,
+        }))
+    }
+
+    /// Greedy drafts chained on the device: each draft's id is the argmax of the step
+    /// before, mapped to a target id where it lies, and the `max` drafts are read back
+    /// together (one device → host round trip per proposal, as a draft model's).
+    fn greedy_chain<'a>(
+        &'a mut self,
+        mut out: Tensor,
+        logits: Tensor,
+        max: usize,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        let head = &self.head;
+        let mut ids = head.map_to_target(&crate::nn::argmax_on_device(&logits)?)?;
+        let mut all = vec![ids.clone()];
+        let mut spec = self.cache.speculate()?;
+        while all.len() < max {
+            let (next_out, logits) = head.forward(&ids, &out, spec.cache(), true)?;
+            self.forwards += 1;
+            out = next_out;
+            ids = head.map_to_target(&crate::nn::argmax_on_device(&logits)?)?;
+            all.push(ids.clone());
+        }
+        let tokens = Tensor::cat(&all, 0)?.to_vec1::<u32>()?;
+        Ok(Box::new(Eagle3Draft {
+            _spec: spec,
+            tree: DraftTree::default(),
+            tokens,
+            probs: None,
         }))
     }
 

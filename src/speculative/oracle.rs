@@ -35,6 +35,8 @@ pub struct OracleDrafter<M> {
     alpha: f64,
     /// The draft model whose forwards are run for their cost, with its cache.
     cost: Option<(Arc<M>, ModelCache)>,
+    /// An EAGLE-3 drafter whose greedy proposals are made (and discarded) for their cost.
+    cost_head: Option<super::Eagle3Drafter>,
     references: ReferenceStore,
     /// `(prompt length, greedy continuation)` of the prompt being generated.
     current: Option<(usize, Arc<[u32]>)>,
@@ -96,11 +98,20 @@ impl<M: LanguageModel> OracleDrafter<M> {
             target,
             alpha,
             cost,
+            cost_head: None,
             references,
             current: None,
             forwards: 0,
             mismatches: Mismatches::default(),
         })
+    }
+
+    /// Runs `head`'s greedy proposals (over the target's hidden states, which the target then
+    /// hands out) for their cost instead of a draft model's forwards.
+    pub fn with_eagle3_cost(mut self, head: Arc<crate::nn::Eagle3Head>) -> Result<Self> {
+        self.cost = None;
+        self.cost_head = Some(super::Eagle3Drafter::new(self.name.clone(), head)?);
+        Ok(self)
     }
 
     /// Steps so far in which greedy verification did not accept exactly the leading tokens
@@ -252,6 +263,9 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
 
     /// Runs the cost model over the prompt, as a draft model's prefill (booked as prefill).
     fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        if let Some(head) = self.cost_head.as_mut() {
+            head.prefill(prompt)?;
+        }
         if let (Some((model, cache)), false) = (self.cost.as_mut(), prompt.is_empty()) {
             cache.reset();
             // In pieces, as a draft model's prefill (activations bounded by the piece).
@@ -263,9 +277,23 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         Ok(())
     }
 
+    fn target_layers(&self) -> Option<&[usize]> {
+        self.cost_head.as_ref().and_then(|h| h.target_layers())
+    }
+
+    fn read_target(&mut self, start: usize, states: candle_core::Tensor) -> Result<()> {
+        match self.cost_head.as_mut() {
+            Some(head) => head.read_target(start, states),
+            None => Ok(()),
+        }
+    }
+
     fn reset(&mut self) -> Result<()> {
         if let Some((_, cache)) = self.cost.as_mut() {
             cache.reset();
+        }
+        if let Some(head) = self.cost_head.as_mut() {
+            head.reset()?;
         }
         self.forwards = 0;
         Ok(())
@@ -288,6 +316,20 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             )));
         }
         let (tokens, at, kept) = self.proposals(context, request.chain_len(), rng)?;
+        if let (Some(head), false) = (self.cost_head.as_mut(), tokens.is_empty()) {
+            // The head's greedy chain, read back and discarded (its speculation rolls back).
+            let chain = DraftRequest {
+                queued: false,
+                shape: super::tree::TreeShape {
+                    width: 1,
+                    ..request.shape
+                },
+                ..*request
+            };
+            let before = head.forwards();
+            head.propose(context, &chain, rng)?.finish(&[], &[])?;
+            self.forwards += head.forwards() - before;
+        }
         let Self {
             name,
             cost,

@@ -157,14 +157,21 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             DraftSource::Oracle {
                 alpha,
                 cost,
+                cost_head,
                 references,
-            } => Box::new(OracleDrafter::new(
-                name,
-                Arc::clone(&self.target),
-                *alpha,
-                cost.as_ref().map(|m| (Arc::clone(m), strategy)),
-                Arc::clone(references),
-            )?),
+            } => {
+                let oracle = OracleDrafter::new(
+                    name,
+                    Arc::clone(&self.target),
+                    *alpha,
+                    cost.as_ref().map(|m| (Arc::clone(m), strategy)),
+                    Arc::clone(references),
+                )?;
+                match cost_head {
+                    Some(head) => Box::new(oracle.with_eagle3_cost(Arc::clone(head))?),
+                    None => Box::new(oracle),
+                }
+            }
         }))
     }
 }

@@ -20,6 +20,8 @@ pub enum DraftSource<M> {
         alpha: f64,
         /// A model whose forwards are run for their cost.
         cost: Option<Arc<M>>,
+        /// Or an EAGLE-3 head whose greedy proposals are run for their cost.
+        cost_head: Option<Arc<crate::nn::Eagle3Head>>,
         /// Greedy references by prompt, shared by the run's oracles.
         references: ReferenceStore,
     },

@@ -67,6 +67,8 @@ struct Recording {
     io: Tensor,
     /// The step's logits, written by every replay.
     out: Tensor,
+    /// The step's second output, if it has one (the hidden states a cache records).
+    aux: Option<Tensor>,
     graph: Graph,
     /// Tokens a step takes.
     rows: usize,
@@ -174,7 +176,8 @@ impl Graphs {
     /// each row's argmax of the logits `step` returns, written into the recording's `[t]` u32 output buffer, and the
     /// result is those ids: no logits are cast, copied or read outside the graph. `None` when
     /// graphs are off for this model (a recording failed once; the error is printed); the
-    /// caller then takes its ordinary path.
+    /// caller then takes its ordinary path. `step`'s second output (hidden states handed
+    /// out with the logits) is copied out of the replay the same way.
     pub fn run(
         &self,
         dev: &CudaDevice,
@@ -182,8 +185,8 @@ impl Graphs {
         key: Vec<u64>,
         ids: StepIds,
         len: u32,
-        step: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
-    ) -> Result<Option<Tensor>> {
+        step: impl Fn(&Tensor, &Tensor) -> Result<(Tensor, Option<Tensor>)>,
+    ) -> Result<Option<(Tensor, Option<Tensor>)>> {
         let mut inner = self.inner.lock().map_err(|_| poisoned())?;
         if inner.disabled {
             return Ok(None);
@@ -203,8 +206,9 @@ impl Graphs {
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
             write_io(dev, &rec.io, ids, len)?;
             rec.graph.launch()?;
-            // A copy: the next replay overwrites `out`.
-            return Ok(Some(rec.out.copy()?));
+            // Copies: the next replay overwrites `out` and `aux`.
+            let aux = rec.aux.as_ref().map(Tensor::copy).transpose()?;
+            return Ok(Some((rec.out.copy()?, aux)));
         }
         // Several caches may alternate on one model (the points of an interleaved sweep, a
         // reference decode): keep the most recent recordings rather than one per slot.
@@ -219,7 +223,8 @@ impl Graphs {
         // operands) come from a cache filled by the eager run, so the recording reads them
         // from device memory that outlives it.
         let _params = dev.enable_cuda_graph_htod_cache();
-        let eager = step(&ids, &len_t)?;
+        let (eager, eager_aux) = step(&ids, &len_t)?;
+        let aux = eager_aux.as_ref().map(Tensor::zeros_like).transpose()?;
         let (eager, out) = if greedy {
             let best = super::dense::argmax_on_device(&eager)?;
             let out = best.zeros_like()?;
@@ -229,7 +234,10 @@ impl Graphs {
             (eager, out)
         };
         match record(dev, || {
-            let logits = step(&ids, &len_t)?;
+            let (logits, hidden) = step(&ids, &len_t)?;
+            if let (Some(aux), Some(hidden)) = (&aux, &hidden) {
+                aux.slice_set(hidden, 0, 0)?;
+            }
             if greedy {
                 Ok(super::dense::argmax_into(&logits, &out)?)
             } else {
@@ -247,6 +255,7 @@ impl Graphs {
                         key,
                         io,
                         out,
+                        aux,
                         graph,
                         rows: t,
                         generation,
@@ -258,7 +267,7 @@ impl Graphs {
                 inner.disabled = true;
             }
         }
-        Ok(Some(eager))
+        Ok(Some((eager, eager_aux)))
     }
 }
 
