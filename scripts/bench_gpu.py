@@ -30,6 +30,9 @@ Cases
             Leviathan et al. prediction (1 - a^(g+1)) / ((1 - a)(g c + 1)) with the measured c
             (it assumes a verification costs one decode step) and the time-accounting
             prediction tau / (g c + v), v = seconds per verification / seconds per AR step.
+            With --eagle3, also the oracle running a random EAGLE-3 head of the 8B shape
+            (fusing layers 2, 16, 29; draft vocabulary 32,000) for its cost: rows
+            oracle<alpha>_eagle3, c = the head's seconds per forward over the AR step's.
   gemma4b   the same methods on random bf16 weights in the shapes of Gemma-3-4B (text,
             target) and Gemma-3-270M (draft), both with sliding-window layers (vocabularies
             262,208 and 262,144), made once by scripts/sliding_shapes.py in --sliding-dir.
@@ -74,6 +77,9 @@ def parse_args():
                    help="gemma4b: where scripts/sliding_shapes.py keeps its checkpoints")
     p.add_argument("--out", default=os.path.join(REPO, "bench-gpu-out"))
     p.add_argument("--skip-hf", action="store_true", help="specdec rows only")
+    p.add_argument("--eagle3", action="store_true",
+                   help="llama8b: also the oracle with a random Llama-3.1-8B-shaped EAGLE-3 head "
+                        "(draft vocabulary 32,000 or the target's if smaller) run for its cost")
     p.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS),
                    help="llama8b: the oracle's acceptance rates")
     p.add_argument("--gammas", type=int, nargs="+", default=list(GAMMAS),
@@ -146,6 +152,49 @@ def make_random_llama(torch, out_dir, shape):
         if os.path.isfile(src):
             with open(src, "rb") as a, open(os.path.join(out_dir, name), "wb") as b:
                 b.write(a.read())
+
+
+def make_random_eagle3(torch, out_dir, target_shape):
+    """A random EAGLE-3 head for a Llama target of `target_shape`, in the EAGLE authors'
+    release layout (config.json + model.safetensors: fc, midlayer.*, norm, lm_head, d2t, t2d;
+    no embedding: the target's); N(0, 0.02) bf16 weights, norms 1, a seeded draft vocabulary
+    of min(32000, VOCAB) target ids. Skipped when `out_dir` already holds one."""
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        return
+    from safetensors.torch import save_file
+
+    hidden, inter, layers, heads, kv, _ = target_shape
+    d = hidden // heads
+    draft_vocab = min(32000, VOCAB)
+    cfg = llama_config(hidden, inter, 1, heads, kv, False)
+    cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=draft_vocab,
+               eagle_aux_hidden_state_layer_ids=[2, layers // 2, layers - 3])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+
+    def rnd(*s):
+        return (torch.randn(*s, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02).cpu()
+
+    ones = lambda n: torch.ones(n, dtype=torch.bfloat16)
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(2))[:draft_vocab].sort().values
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    t = {"fc.weight": rnd(hidden, 3 * hidden), "norm.weight": ones(hidden),
+         "lm_head.weight": rnd(draft_vocab, hidden),
+         "d2t": ids - torch.arange(draft_vocab), "t2d": t2d,
+         "midlayer.hidden_norm.weight": ones(hidden),
+         "midlayer.input_layernorm.weight": ones(hidden),
+         "midlayer.post_attention_layernorm.weight": ones(hidden),
+         "midlayer.self_attn.q_proj.weight": rnd(heads * d, 2 * hidden),
+         "midlayer.self_attn.k_proj.weight": rnd(kv * d, 2 * hidden),
+         "midlayer.self_attn.v_proj.weight": rnd(kv * d, 2 * hidden),
+         "midlayer.self_attn.o_proj.weight": rnd(hidden, heads * d),
+         "midlayer.mlp.gate_proj.weight": rnd(inter, hidden),
+         "midlayer.mlp.up_proj.weight": rnd(inter, hidden),
+         "midlayer.mlp.down_proj.weight": rnd(hidden, inter)}
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(t, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=1)
 
 
 def model_bytes(path):
@@ -313,6 +362,12 @@ def run_case(args, torch):
         print(f"random checkpoints ready in {time.perf_counter() - t0:.0f} s", flush=True)
         drafters = {f"oracle{int(a * 100)}": {"kind": "oracle", "alpha": a, "path": draft}
                     for a in args.alphas}
+        if args.eagle3 and args.case == "llama8b":
+            head = os.path.join(args.models_dir, "eagle3-8b")
+            make_random_eagle3(torch, head, SHAPES["target-8b"])
+            drafters.update({f"oracle{int(a * 100)}_eagle3": {"kind": "oracle", "alpha": a,
+                                                              "path": head}
+                             for a in args.alphas})
         spec_units = [
             ("specdec", exp_config(args, dataset, target, drafters,
                                    ["autoregressive", "speculative"], args.gammas)),
