@@ -3,7 +3,8 @@
 //! equals autoregressive decoding token for token, chains and trees, on a rotating target
 //! (the shipped Mistral-architecture target, both strategies, far past its window) and a
 //! full-attention one (the shipped Llama-architecture draft used as a target; SmolLM2-135M
-//! where the real checkpoints are fetched).
+//! where the real checkpoints are fetched). Greedy equality is asserted in f32 (in half
+//! precision a verification block and a one-token step may break near-ties differently).
 mod common;
 
 use std::path::Path;
@@ -75,7 +76,8 @@ fn hidden_states_follow_the_cache_transactions() {
         let expected = fresh_states(&target, &all[..76], &layers);
         assert_eq!(rows.dims(), expected.dims(), "{strategy:?}");
         let err = rel_err(&rows, &expected, 1e-3);
-        assert!(err < 1e-4, "{strategy:?}: relative error {err}");
+        let tol = common::decode::tolerance();
+        assert!(err < tol, "{strategy:?}: relative error {err}");
     }
 }
 
