@@ -14,6 +14,7 @@
 mod attend;
 mod buffer;
 mod error;
+mod hidden;
 mod kv;
 mod mask;
 mod model;

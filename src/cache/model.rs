@@ -12,10 +12,9 @@ use super::rotating::RotatingSnapshot;
 use super::tree::TokenTree;
 use crate::error::Result;
 
-mod hidden;
 mod tree_commit;
 
-use hidden::HiddenTap;
+use super::hidden::HiddenTap;
 
 /// The cache of one attention layer.
 #[derive(Debug)]
@@ -441,6 +440,57 @@ impl ModelCache {
         self.spec_base = None;
         self.poisoned = false;
         self.hidden_moved(0);
+    }
+
+    /// Makes this cache's forwards record the hidden states of `layers` (see [`HiddenTap`]
+    /// for the ids), or none (`None`). Setting the layers it already records keeps the
+    /// rows waiting; anything else starts afresh at the current offset.
+    pub fn tap_hidden(&mut self, layers: Option<&[usize]>) {
+        match (layers, &self.hidden) {
+            (Some(l), Some(tap)) if tap.layers() == l => {}
+            (Some(l), _) => self.hidden = Some(HiddenTap::new(l, self.offset())),
+            (None, _) => self.hidden = None,
+        }
+    }
+
+    /// The layers whose hidden states forwards record, if any.
+    pub fn hidden_layers(&self) -> Option<&[usize]> {
+        self.hidden.as_ref().map(HiddenTap::layers)
+    }
+
+    /// Records a forward's hidden-state rows (`[t, ids × hidden]`, positions
+    /// `[offset − t, offset)` after the forward appended them): tentative inside a
+    /// speculation, else committed. Called by the model after every layer appended.
+    pub fn record_hidden(&mut self, rows: Tensor) {
+        let open = self.spec_base.is_some();
+        if let Some(tap) = self.hidden.as_mut() {
+            tap.record(rows, open);
+        }
+    }
+
+    /// The committed rows not taken yet, as `(position of the first, [n, ids × hidden])`;
+    /// `None` when there are none (or nothing is recorded).
+    pub fn take_hidden(&mut self) -> Result<Option<(usize, Tensor)>> {
+        match self.hidden.as_mut() {
+            Some(tap) => tap.take(),
+            None => Ok(None),
+        }
+    }
+
+    /// After the cache moved to `offset` by other means than forwards (a restore, a
+    /// reset): the rows waiting no longer describe it.
+    fn hidden_moved(&mut self, offset: usize) {
+        if let Some(tap) = self.hidden.as_mut() {
+            tap.clear_at(offset);
+        }
+    }
+
+    /// The open speculation ended: keep the tentative rows of `rows` (`None`: none).
+    fn hidden_settled(&mut self, rows: Option<&[usize]>) -> Result<()> {
+        match self.hidden.as_mut() {
+            Some(tap) => tap.settle(rows),
+            None => Ok(()),
+        }
     }
 
     /// An independent copy of every layer (the clone-and-truncate baseline; test probes).

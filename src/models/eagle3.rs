@@ -45,7 +45,16 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
     if layer_cfg.positive_or("num_hidden_layers", 1)? != 1 {
         return Err(layer_cfg.error("num_hidden_layers", "only one-layer heads are supported"));
     }
-    let spec = super::decoder_spec(&layer_cfg)?;
+    let spec = match layer_cfg.str("model_type")? {
+        Some("llama") | None => super::llama::spec(&layer_cfg)?,
+        Some("qwen3") => super::qwen3::spec(&layer_cfg)?,
+        Some(other) => {
+            return Err(layer_cfg.error(
+                "model_type",
+                format!("{other}: EAGLE-3 heads load with a llama or qwen3 layer"),
+            ))
+        }
+    };
     let (dtype, device) = (target_embed.dtype(), target_embed.device().clone());
     let (vocab, target_hidden) = target_embed.dims2()?;
     if spec.vocab_size != vocab {

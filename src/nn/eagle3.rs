@@ -45,7 +45,7 @@ pub struct Eagle3Parts {
     /// The output is normed before the LM head and fed back normed.
     pub norm_output: bool,
     /// The layer's attention span (speculators' trainer gives heads a sliding window).
-    pub kind: super::LayerKind,
+    pub kind: super::spec::LayerKind,
     /// The target layers whose hidden states are fused (ids as
     /// [`crate::cache::ModelCache::tap_hidden`] takes them).
     pub target_layers: Vec<usize>,
@@ -161,8 +161,8 @@ impl Eagle3Head {
     pub fn new_cache(&self) -> Result<ModelCache> {
         use crate::cache::{KvCache, LayerCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP};
         let layer = match self.parts.kind {
-            super::LayerKind::Full => LayerCache::Kv(KvCache::new(DEFAULT_STEP)),
-            super::LayerKind::Sliding { window } => {
+            super::spec::LayerKind::Full => LayerCache::Kv(KvCache::new(DEFAULT_STEP)),
+            super::spec::LayerKind::Sliding { window } => {
                 LayerCache::Rotating(RotatingKvCache::new(window, RotatingStrategy::Staged)?)
             }
         };

@@ -147,15 +147,6 @@ pub(super) fn prefill_drafter(
     Ok(())
 }
 
-/// Hands the drafter the target's hidden states its cache recorded since the last call
-/// (see [`Drafter::read_target`]).
-pub(super) fn hand_over_hidden(seq: &mut CachedSequence, drafter: &mut dyn Drafter) -> Result<()> {
-    if let Some((start, states)) = seq.cache_mut().take_hidden()? {
-        drafter.read_target(start, states)?;
-    }
-    Ok(())
-}
-
 /// Plain decoding: one target forward per new token (see [`Drafting::None`]).
 fn autoregressive<M: LanguageModel>(
     target: &M,
@@ -203,7 +194,7 @@ fn speculative<M: LanguageModel>(
     let draft_forwards = drafter.forwards();
     seq.cache_mut().tap_hidden(drafter.target_layers());
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
-    hand_over_hidden(seq, drafter)?;
+    super::step::hand_over_hidden(seq, drafter)?;
     prefill_drafter(drafter, prompt, &mut out.record)?;
     let mut context = prompt.to_vec();
     context.push(first);

@@ -36,7 +36,7 @@ pub struct OracleDrafter<M> {
     /// The draft model whose forwards are run for their cost, with its cache.
     cost: Option<(Arc<M>, ModelCache)>,
     /// An EAGLE-3 drafter whose greedy proposals are made (and discarded) for their cost.
-    cost_head: Option<super::Eagle3Drafter>,
+    cost_head: Option<super::eagle3::Eagle3Drafter>,
     references: ReferenceStore,
     /// `(prompt length, greedy continuation)` of the prompt being generated.
     current: Option<(usize, Arc<[u32]>)>,
@@ -110,7 +110,7 @@ impl<M: LanguageModel> OracleDrafter<M> {
     /// hands out) for their cost instead of a draft model's forwards.
     pub fn with_eagle3_cost(mut self, head: Arc<crate::nn::Eagle3Head>) -> Result<Self> {
         self.cost = None;
-        self.cost_head = Some(super::Eagle3Drafter::new(self.name.clone(), head)?);
+        self.cost_head = Some(super::eagle3::Eagle3Drafter::new(self.name.clone(), head)?);
         Ok(self)
     }
 

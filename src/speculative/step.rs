@@ -144,7 +144,7 @@ pub(super) fn speculative_step<M: LanguageModel>(
     };
     let t_finish = Instant::now();
     draft.finish(&decided.drafts, &decided.path)?;
-    super::decode::hand_over_hidden(step.seq, drafter)?;
+    hand_over_hidden(step.seq, drafter)?;
     step.out.record.draft_s += t_finish.elapsed().as_secs_f64();
     Ok(StepOutcome {
         tokens: decided.tokens(),
@@ -297,4 +297,13 @@ fn verify_queued<M: LanguageModel>(
     spec.commit(step.out.takes(&decided.tokens()))?;
     step.out.record.verify_s += verify_device_s + t_verdict.elapsed().as_secs_f64();
     Ok(decided)
+}
+
+/// Hands the drafter the target's hidden states its cache recorded since the last call
+/// (see [`Drafter::read_target`]).
+pub(super) fn hand_over_hidden(seq: &mut CachedSequence, drafter: &mut dyn Drafter) -> Result<()> {
+    if let Some((start, states)) = seq.cache_mut().take_hidden()? {
+        drafter.read_target(start, states)?;
+    }
+    Ok(())
 }
