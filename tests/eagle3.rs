@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use common::checkpoint::shipped;
+use common::checkpoint::{repo_path, shipped};
 use common::eagle3::random_head;
 use common::host::rel_err;
 use common::run::fresh;
@@ -232,4 +232,18 @@ fn an_oracle_runs_an_eagle3_head_for_its_cost() {
         "{} forwards in {steps} steps",
         r.draft_forwards
     );
+}
+#[test]
+fn the_trained_head_drafts_what_the_target_accepts() {
+    let dir = repo_path("models/eagle3");
+    let target = shipped("target");
+    let tok = specdec::models::load_tokenizer(&repo_path("models/target")).unwrap();
+    let prompt = |t: &str| tok.encode(t, false).unwrap().get_ids().to_vec();
+    let prompts = [
+        prompt("import os\n\n\ndef "),
+        prompt("class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, "),
+    ];
+    let mean = check_greedy(&target, &dir, &prompts, (120, &STRATEGIES));
+    // The trained head: well over one accepted draft per step (a random head accepts ~0).
+    assert!(mean > 1.5, "mean accepted drafts per step {mean}");
 }
