@@ -116,7 +116,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         eprintln!("note: models pad their vocabularies differently; logits limited to the shared first {width} ids");
     }
     let heads = load_heads(config, &target)?;
-    let context = describe(config, &target, &drafts, &device, prompts.len());
+    let context = describe(config, &target, (&drafts, &heads), &device, prompts.len());
     let decode = |ids: &[u32]| -> Result<String> {
         tokenizer
             .decode(ids, false)
@@ -407,7 +407,7 @@ fn write(path: &Path, text: &str) -> Result<()> {
 fn describe(
     config: &ExperimentConfig,
     target: &LoadedModel,
-    drafts: &BTreeMap<String, LoadedModel>,
+    (drafts, heads): (&BTreeMap<String, LoadedModel>, &BTreeMap<String, Arc<Eagle3Head>>),
     device: &candle_core::Device,
     prompts: usize,
 ) -> String {
@@ -427,6 +427,16 @@ fn describe(
     let mut s = format!("* target: {}\n", model(target));
     for (name, d) in drafts {
         s += &format!("* drafter `{name}`: {}\n", model(d));
+    }
+    for (name, h) in heads {
+        let path = config.drafters.get(name).and_then(|d| d.path.as_ref());
+        s += &format!(
+            "* drafter `{name}`: EAGLE-3 head `{}` ({:.1}M parameters, fusing target layers {:?}, draft vocabulary {})\n",
+            path.map_or_else(String::new, |p| p.display().to_string()),
+            h.param_count() as f64 / 1e6,
+            h.target_layers(),
+            h.draft_vocab_size()
+        );
     }
     s + &format!(
         "* device: {:?}; prompts: {prompts} from `{}`; max_new_tokens: {}; seed: {}\n\

@@ -143,7 +143,7 @@ impl Eagle3Head {
         Ok(self.d2t.index_select(draft_ids, 0)?)
     }
 
-    /// Parameters held (the embedding counted, though it is usually the target's).
+    /// Parameters held (the embedding, usually the target's, not counted).
     pub fn param_count(&self) -> usize {
         let p = &self.parts;
         p.fc.param_count()
