@@ -465,8 +465,8 @@ fn engine_options_are_swept_recorded_and_change_no_token() {
     assert!(written.contains("cuda_graphs = true"), "{written}");
     let config = ExperimentConfig::load(&out.join("config.toml"), &[]).unwrap();
     let points = sweep_points(&config);
-    // (autoregressive + 2 drafters) × 4 engine combinations.
-    assert_eq!(points.len(), 3 * 4);
+    // (autoregressive + 3 drafters) × 4 engine combinations.
+    assert_eq!(points.len(), 4 * 4);
     let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
     let mut outputs: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
     let mut seen = std::collections::BTreeSet::new();

@@ -407,7 +407,10 @@ fn write(path: &Path, text: &str) -> Result<()> {
 fn describe(
     config: &ExperimentConfig,
     target: &LoadedModel,
-    (drafts, heads): (&BTreeMap<String, LoadedModel>, &BTreeMap<String, Arc<Eagle3Head>>),
+    (drafts, heads): (
+        &BTreeMap<String, LoadedModel>,
+        &BTreeMap<String, Arc<Eagle3Head>>,
+    ),
     device: &candle_core::Device,
     prompts: usize,
 ) -> String {

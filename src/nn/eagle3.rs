@@ -173,8 +173,23 @@ impl Eagle3Head {
     /// a speculation with a tree): `ids` `[t]` u32 target ids, `features` `[t, fused_width]`
     /// (target hidden states, through `fc`) or `[t, hidden]` (the head's own outputs).
     /// Returns the outputs `[t, hidden]` (what a later position is fed) and the draft-vocabulary
-    /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`).
+    /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`). On the CPU it
+    /// runs on rayon's pool, as the decoder's forwards do ([`super::threads::on_cpu_pool`]).
     pub fn forward(
+        &self,
+        ids: &Tensor,
+        features: &Tensor,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        if self.device().is_cpu() {
+            super::threads::on_cpu_pool(|| self.forward_here(ids, features, cache, last))
+        } else {
+            self.forward_here(ids, features, cache, last)
+        }
+    }
+
+    fn forward_here(
         &self,
         ids: &Tensor,
         features: &Tensor,

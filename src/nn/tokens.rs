@@ -27,9 +27,9 @@ impl DeviceTokens {
         })
     }
 
-    /// The argmax ids `ids: [n]` u32 of logits `bound` wide (made by the argmax kernel
-    /// inside a recorded graph).
-    #[cfg(feature = "cuda")]
+    /// Ids `ids: [n]` u32 known to lie below `bound` without reading them: argmaxes of
+    /// logits `bound` wide (the argmax kernel inside a recorded graph), or draft ids mapped to
+    /// a vocabulary of `bound` (an EAGLE-3 head's `d2t`, checked at load).
     pub(crate) fn from_argmax(ids: Tensor, bound: usize) -> Self {
         Self { ids, bound }
     }

@@ -105,16 +105,19 @@ impl Eagle3Drafter {
         Ok(wanted)
     }
 
+    /// A chain of at most `max` drafts; a greedy one stays on the device (handed to the
+    /// engine unread when `queued`).
     fn chain<'a>(
         &'a mut self,
         context: &[u32],
-        max: usize,
+        (max, queued): (usize, bool),
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
         let (mut out, mut logits) = self.sync(context)?;
         if sampling.is_greedy() {
-            return self.greedy_chain(out, logits, max);
+            let last = queued.then(|| context[context.len() - 1]);
+            return self.greedy_chain(out, logits, max, last);
         }
         let device = out.device().clone();
         let mut tokens = Vec::with_capacity(max);
@@ -142,30 +145,45 @@ impl Eagle3Drafter {
     }
 
     /// Greedy drafts chained on the device: each draft's id is the argmax of the step
-    /// before, mapped to a target id where it lies, and the `max` drafts are read back
-    /// together (one device → host round trip per proposal, as a draft model's).
+    /// before, mapped to a target id where it lies. With `last` (the last committed token)
+    /// the block `[last, d1..dmax]` goes to the engine unread, a [`DraftBlock::Queued`]
+    /// chain; otherwise the drafts are read back together (one device → host round trip
+    /// per proposal, as a draft model's).
     fn greedy_chain<'a>(
         &'a mut self,
         mut out: Tensor,
         logits: Tensor,
         max: usize,
+        last: Option<u32>,
     ) -> Result<Box<dyn Draft + 'a>> {
         let head = &self.head;
         let mut ids = head.map_to_target(&crate::nn::argmax_on_device(&logits)?)?;
-        let mut all = vec![ids.clone()];
+        let mut all = Vec::with_capacity(max + 1);
+        if let Some(last) = last {
+            all.push(Tensor::new(&[last], ids.device())?);
+        }
+        all.push(ids.clone());
+        let want = max + usize::from(last.is_some());
         let mut spec = self.cache.speculate()?;
-        while all.len() < max {
+        while all.len() < want {
             let (next_out, logits) = head.forward(&ids, &out, spec.cache(), true)?;
             self.forwards += 1;
             out = next_out;
             ids = head.map_to_target(&crate::nn::argmax_on_device(&logits)?)?;
             all.push(ids.clone());
         }
-        let tokens = Tensor::cat(&all, 0)?.to_vec1::<u32>()?;
+        let block = Tensor::cat(&all, 0)?;
+        if last.is_some() {
+            let bound = head.vocab_size()?;
+            return Ok(Box::new(QueuedDraft {
+                _spec: spec,
+                block: crate::nn::DeviceTokens::from_argmax(block, bound),
+            }));
+        }
         Ok(Box::new(Eagle3Draft {
             _spec: spec,
             tree: DraftTree::default(),
-            tokens,
+            tokens: block.to_vec1::<u32>()?,
             probs: None,
         }))
     }
@@ -267,6 +285,21 @@ struct Eagle3Draft<'a> {
     tree: DraftTree,
 }
 
+/// A greedy chain left on the device: `[last, d1..dn]`, verified there by the engine.
+struct QueuedDraft<'a> {
+    _spec: Speculation<'a>,
+    block: crate::nn::DeviceTokens,
+}
+
+impl Draft for QueuedDraft<'_> {
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Queued(super::drafter::VerifyBlock::Device(&self.block))
+    }
+    fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
 impl Draft for Eagle3Draft<'_> {
     fn block(&self) -> DraftBlock<'_> {
         if self.tokens.is_empty() && !self.tree.tokens.is_empty() {
@@ -330,7 +363,8 @@ impl Drafter for Eagle3Drafter {
         Ok(())
     }
 
-    /// A chain (greedy or sampled) or an EAGLE-2-style dynamic tree.
+    /// A chain (greedy or sampled; a greedy one queued on the device where the engine takes
+    /// it) or an EAGLE-2-style dynamic tree.
     fn propose<'a>(
         &'a mut self,
         context: &[u32],
@@ -349,7 +383,7 @@ impl Drafter for Eagle3Drafter {
                 tree: DraftTree::default(),
             }));
         }
-        self.chain(context, max, &request.sampling, rng)
+        self.chain(context, (max, request.queued), &request.sampling, rng)
     }
 
     fn forwards(&self) -> usize {
