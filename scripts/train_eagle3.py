@@ -88,7 +88,8 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
+                          StoppingCriteria, StoppingCriteriaList)
 
 EXCLUDE_DIRS = {"test", "tests", "idle_test", "idlelib", "site-packages"}
 # The shipped target's held-out files (models/TRAINING.md) are also read from that file when present.
@@ -360,6 +361,20 @@ def encode(tok, text, special=False):
     return tok.encode(text, add_special_tokens=special).ids
 
 
+class HFTokenizer:
+    """A transformers tokenizer (e.g. read from a GGUF file) with the `tokenizers` encode interface."""
+
+    class Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def __init__(self, t):
+        self.t = t
+
+    def encode(self, text, add_special_tokens=False):
+        return self.Enc(self.t(text, add_special_tokens=add_special_tokens).input_ids)
+
+
 def sample_windows(streams, n, plen_min, plen_max, total_len, rng):
     """n prompt windows (token lists); lengths drawn per group later. Files weighted by length."""
     weights = [max(0, len(s) - plen_max - 1) for s in streams]
@@ -386,59 +401,142 @@ def no_eos_config(target):
     return gc
 
 
+class ArgmaxRecorder(LogitsProcessor):
+    """Records the argmax over the whole vocabulary of the raw logits of every generation step (the
+    target's greedy choice at that position, also for sampled sequences)."""
+
+    def __init__(self):
+        self.out = []
+
+    def __call__(self, input_ids, scores):
+        self.out.append(scores.argmax(-1))
+        return scores
+
+
+class AllEos(StoppingCriteria):
+    """Stops once every row has generated `eos_id` (later tokens are out of the loss anyway)."""
+
+    def __init__(self, eos_id, start):
+        self.eos_id, self.start = eos_id, start
+
+    def __call__(self, input_ids, scores, **kw):
+        done = (input_ids[:, self.start:] == self.eos_id).any(1)
+        return done.all().expand(input_ids.shape[0])
+
+
 @torch.no_grad()
-def generate(target, prompts, plen, total_len, sample, device, seed, layers, cdt):
-    """prompts: token lists of one batch (>= plen tokens each). Returns ids [N,total_len] (prompt plen
-    + generation) and the target's hidden states recorded while generating (one target pass over
-    prompt + generation: the prefill, then one cached decode step per token; one token more is
-    generated and dropped so that every kept position has been processed): feats [N,total_len,
-    len(layers)*H] (hidden_states[k] for k in layers) and fin [N,total_len,H] (after the final norm)."""
-    ids = torch.tensor([p[:plen] for p in prompts], device=device)
+def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, cdt, eos_id):
+    """prompts: token lists of one batch (any lengths; left-padded for the batched generation, with
+    the attention mask, so every row keeps RoPE positions 0..). Each row is continued by gen_len
+    tokens (one more is generated and dropped so that every kept position has been processed; the
+    generation stops early once every row has produced eos_id). Rows are returned left-aligned
+    (prompt, then generation, then zero padding up to total_len): ids [N,total_len], the target's
+    hidden states recorded while generating (one target pass: prefill, then one cached decode step
+    per token) feats [N,total_len,len(layers)*H] (hidden_states[k] for k in layers), fin
+    [N,total_len,H] (after the final norm), targmax [N,total_len] (argmax of the target's full
+    logits at each generated-from position, 0 elsewhere) and valid [N] (rows' kept lengths)."""
+    lens = [len(p) for p in prompts]
+    P = max(lens)
+    ids = torch.tensor([[0] * (P - n) + list(p) for p, n in zip(prompts, lens)], device=device)
+    am = torch.tensor([[0] * (P - n) + [1] * n for n in lens], device=device)
     torch.manual_seed(seed)
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
-    o = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=total_len - plen + 1,
+    rec = ArgmaxRecorder()
+    stop = StoppingCriteriaList([AllEos(eos_id, P)]) if eos_id is not None else None
+    o = target.generate(ids, attention_mask=am, max_new_tokens=gen_len + 1,
                         generation_config=no_eos_config(target), return_dict_in_generate=True,
-                        output_hidden_states=True, **kw)
+                        output_hidden_states=True, logits_processor=LogitsProcessorList([rec]),
+                        stopping_criteria=stop, **kw)
     hs = o.hidden_states
-    feats = torch.cat([torch.cat([st[k] for k in layers], -1) for st in hs], 1)[:, :total_len]
-    fin = torch.cat([st[-1] for st in hs], 1)[:, :total_len]
-    assert feats.shape[1] == total_len
-    return o.sequences[:, :total_len].cpu(), feats.to(cdt).cpu(), fin.to(cdt).cpu()
+    feats = torch.cat([torch.cat([st[k] for k in layers], -1) for st in hs], 1)  # [N, P + steps - 1, .]
+    fin = torch.cat([st[-1] for st in hs], 1)
+    am_ = torch.stack(rec.out, 1)  # [N, steps]: argmax at padded positions P-1 ..
+    seq = o.sequences
+    N = seq.shape[0]
+    n_proc = feats.shape[1]  # positions processed by the target
+    out_ids = torch.zeros(N, total_len, dtype=torch.long)
+    out_f = torch.zeros(N, total_len, feats.shape[-1], dtype=cdt)
+    out_fi = torch.zeros(N, total_len, fin.shape[-1], dtype=cdt)
+    out_am = torch.zeros(N, total_len, dtype=torch.long)
+    valid = []
+    for b in range(N):
+        pad = P - lens[b]
+        keep = min(total_len, lens[b] + gen_len, n_proc - pad)
+        out_ids[b, :keep] = seq[b, pad:pad + keep].cpu()
+        out_f[b, :keep] = feats[b, pad:pad + keep].to(cdt).cpu()
+        out_fi[b, :keep] = fin[b, pad:pad + keep].to(cdt).cpu()
+        na = min(am_.shape[1], keep - (lens[b] - 1))
+        out_am[b, lens[b] - 1:lens[b] - 1 + na] = am_[b, :na].cpu()
+        valid.append(keep)
+    return out_ids, out_f, out_fi, out_am, torch.tensor(valid)
 
 
-def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt):
-    """n sequences: prompt windows of random length in [prompt_min, prompt_max] (one length per
-    generation batch), continued by the target to --seq-len tokens; greedy for a (1 - sample_frac)
-    share of the batches, T=1 sampling for the rest."""
-    wins = sample_windows(streams, n, args.prompt_min, args.prompt_max, args.seq_len, rng)
-    ids_l, f_l, fi_l, plens, sampled = [], [], [], [], []
-    nb = (n + args.gen_batch - 1) // args.gen_batch
+def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompts=None, max_seconds=None):
+    """n sequences. Without `prompts`: prompt windows of random length in [prompt_min, prompt_max]
+    (one length per generation batch) of the token streams, continued to --seq-len tokens. With
+    `prompts` (token lists, e.g. chat-templated instructions): the first n, sorted by length into
+    generation batches (least padding), each continued by --seq-len minus the batch's longest
+    prompt tokens. Greedy for a (1 - sample_frac) share of the batches, T=1 sampling for the rest.
+    max_seconds: stop starting new batches once generation has taken that long."""
+    if prompts is None:
+        wins = sample_windows(streams, n, args.prompt_min, args.prompt_max, args.seq_len, rng)
+    else:
+        wins = sorted(prompts[:n], key=len)
+    ids_l, f_l, fi_l, am_l, v_l, plens, sampled = [], [], [], [], [], [], []
+    nb = (len(wins) + args.gen_batch - 1) // args.gen_batch
     n_sample = round(nb * args.sample_frac)
     modes = [True] * n_sample + [False] * (nb - n_sample)
     rng.shuffle(modes)
-    for b in range(nb):
+    order = list(range(nb))
+    if prompts is not None:
+        rng.shuffle(order)  # batches of all prompt lengths early, should the time budget cut the set short
+    t0 = time.time()
+    for i, b in enumerate(order):
+        if max_seconds is not None and time.time() - t0 > max_seconds:
+            log(f"generation budget {max_seconds:.0f}s reached after {i} of {nb} batches")
+            break
         chunk = wins[b * args.gen_batch:(b + 1) * args.gen_batch]
-        plen = rng.randint(args.prompt_min, args.prompt_max)
-        ids, f, fi = generate(target, chunk, plen, args.seq_len, modes[b], device, rng.randrange(1 << 30),
-                              layers, cdt)
+        if prompts is None:
+            plen = rng.randint(args.prompt_min, args.prompt_max)
+            chunk = [c[:plen] for c in chunk]
+        lens = [len(c) for c in chunk]
+        gen_len = args.seq_len - max(lens)
+        assert gen_len > 0, f"prompts of {max(lens)} tokens leave nothing to generate in --seq-len {args.seq_len}"
+        ids, f, fi, am, v = generate(target, chunk, gen_len, args.seq_len, modes[b], device, rng.randrange(1 << 30),
+                                     layers, cdt, eos_id)
+        if i == 0:  # the recorded states of the first and last rows equal a fresh unpadded full forward
+            for r_ in (0, ids.shape[0] - 1):
+                n_ = int(v[r_])
+                fr, ar = target_forward_all(target, ids[r_, :n_].to(device), layers)
+                d_ = (fr.cpu() - f[r_, :n_].float()).abs().max().item() / fr.abs().max().item()
+                g0 = lens[r_] - 1
+                agree = (ar[g0:n_].cpu() == am[r_, g0:n_]).float().mean().item()
+                log(f"  check row {r_}: recorded features vs a fresh forward, max |diff| / max |h| {d_:.1e}; "
+                    f"recorded argmax agrees on {agree:.4f} of generated positions")
+                assert d_ < 1e-2, d_
         ids_l.append(ids)
         f_l.append(f)
         fi_l.append(fi)
-        plens += [plen] * ids.shape[0]
+        am_l.append(am)
+        v_l.append(v)
+        plens += lens
         sampled += [modes[b]] * ids.shape[0]
+        if (i + 1) % 5 == 0 or i + 1 == nb or i < 2:
+            log(f"  generated {len(plens)} sequences ({i + 1}/{nb} batches) in {time.time() - t0:.0f}s")
     ids = torch.cat(ids_l)
     plen = torch.tensor(plens)
+    valid = torch.cat(v_l)
     # loss mask over target positions p (the distribution predicting token p+1): generated tokens
-    # only (p + 1 >= plen), up to and including the first generated EOS.
+    # only (p + 1 >= plen), up to and including the first generated EOS, within the row's kept length.
     L = ids.shape[1]
     p = torch.arange(L)[None]
-    mask = (p + 1 >= plen[:, None])
+    mask = (p + 1 >= plen[:, None]) & (p + 1 < valid[:, None])
     if eos_id is not None:
-        is_eos = (ids == eos_id) & (p >= plen[:, None])
+        is_eos = (ids == eos_id) & (p >= plen[:, None]) & (p < valid[:, None])
         first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((ids.shape[0],), L))
         mask &= p + 1 <= first[:, None]
-    return {"ids": ids, "plen": plen, "mask": mask, "sampled": torch.tensor(sampled),
-            "feats": torch.cat(f_l), "fin": torch.cat(fi_l)}
+    return {"ids": ids, "plen": plen, "mask": mask, "sampled": torch.tensor(sampled), "valid": valid,
+            "feats": torch.cat(f_l), "fin": torch.cat(fi_l), "targmax": torch.cat(am_l)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,8 +561,11 @@ def pick_anchors(mask, n, gen):
     return r.topk(n, -1, largest=False).indices.sort(-1).values
 
 
-def ttt_loss(head, embed, tgt_head, feats, fin, ids, mask, steps, decay, draft_ids, t2d, autocast, anchors):
-    """Returns the loss and per-step [loss, correct, chain-correct, count]."""
+def ttt_loss(head, embed, tgt_head, feats, fin, ids, mask, steps, decay, draft_ids, t2d, autocast, anchors, targmax):
+    """Returns the loss and per-step [loss, correct, chain-correct, count]. tgt_head: the target's
+    lm_head restricted to the draft vocabulary (its rows draft_ids); targmax [B,L]: the target's
+    argmax over the whole vocabulary at each position (recorded while generating): positions whose
+    argmax is outside the draft vocabulary are left out of the loss and the accuracies."""
     B, L = ids.shape
     M = anchors.shape[1]
     with torch.autocast(**autocast):
@@ -481,8 +582,7 @@ def ttt_loss(head, embed, tgt_head, feats, fin, ids, mask, steps, decay, draft_i
             tl = tgt_head(fin.gather(1, tpc[..., None].expand(B, M, H)).float())
             m = mask.gather(1, tpc) & valid
             if draft_ids is not None:
-                m &= t2d[tl.argmax(-1)]
-                tl = tl[..., draft_ids]
+                m &= t2d[targmax.gather(1, tpc)]
             tlp = F.log_softmax(tl, -1)
             tp_ = tlp.exp()
             ent = (tp_ * tlp).sum(-1)
@@ -503,7 +603,7 @@ def iterate(data, idx, bs, device, feats_all, fin_all):
     for i in range(0, len(idx) - bs + 1, bs):
         b = idx[i:i + bs]
         yield (feats_all[b].to(device).float(), fin_all[b].to(device).float(), data["ids"][b].to(device),
-               data["mask"][b].to(device))
+               data["mask"][b].to(device), data["targmax"][b].to(device))
 
 
 @torch.no_grad()
@@ -515,7 +615,7 @@ def evaluate_heldout(head, embed, tgt_head, held, steps, decay, draft_ids, t2d, 
         f, fi = held["feats"][i:i + bs].to(device).float(), held["fin"][i:i + bs].to(device).float()
         m = held["mask"][i:i + bs].to(device)
         _, st = ttt_loss(head, embed, tgt_head, f, fi, held["ids"][i:i + bs].to(device), m, steps, decay,
-                         draft_ids, t2d, autocast, pick_anchors(m, 0, None))
+                         draft_ids, t2d, autocast, pick_anchors(m, 0, None), held["targmax"][i:i + bs].to(device))
         st = st.cpu().double()
         st[:, 0] *= st[:, 3]
         tot = st if tot is None else tot + st
@@ -692,16 +792,26 @@ def self_test(head, embed, ids, f, j0=40):
     return st
 
 
-def simulate_all(args, target, head, embed, tok, layers, held_files, eos_id, device):
+def load_sim_prompts(path, limit):
+    """(id, text) of a prompt file: {"id", "prompt"} or Spec-Bench's {"question_id", "turns"} (first turn)."""
+    out = []
+    for i, x in enumerate(open(path)):
+        if x.strip():
+            d = json.loads(x)
+            out.append((str(d.get("id", d.get("question_id", i))), d["prompt"] if "prompt" in d else d["turns"][0]))
+    return out[:limit] if limit else out
+
+
+def simulate_all(args, target, head, embed, enc_prompt, layers, held_sim, eos_id, device):
     """Greedy chain speculation on the held-out prompts and the default experiment's prompts, for the
-    head and (on the same target continuations) the baseline draft model."""
+    head and (on the same target continuations) the baseline draft model. held_sim: (id, text) pairs;
+    enc_prompt: text -> prompt token ids (through the chat template with --chat-template)."""
     sim = {}
     sets = []
-    if held_files:
-        sets.append(("held-out", heldout_sim_prompts(held_files, args.sim_heldout_prompts, tok)))
+    if held_sim:
+        sets.append(("held-out", held_sim))
     if args.sim_prompts and os.path.exists(args.sim_prompts):
-        sets.append(("default", [(d["id"], d["prompt"]) for d in
-                                 (json.loads(x) for x in open(args.sim_prompts) if x.strip())]))
+        sets.append(("default", load_sim_prompts(args.sim_prompts, args.sim_limit)))
     base = None
     if args.baseline_draft and os.path.exists(args.baseline_draft):
         base = AutoModelForCausalLM.from_pretrained(args.baseline_draft, dtype=torch.float32).to(device).eval()
@@ -709,7 +819,7 @@ def simulate_all(args, target, head, embed, tok, layers, held_files, eos_id, dev
     for name, prompts in sets:
         conts = []
         for pid, p in prompts:
-            pids = encode(tok, p, special=True)
+            pids = enc_prompt(p)
             conts.append((pids, greedy_continuation(target, pids, args.sim_new_tokens, device, eos_id)))
         for gamma in gammas:
             hr, br = [], []
@@ -751,10 +861,17 @@ def main():
     ap.add_argument("--intermediate", type=int, default=0, help="head MLP width (0 = the target's)")
     ap.add_argument("--prompts-jsonl", default=None,
                     help="training prompt source (objects with 'text' or 'prompt'); default: the stdlib")
+    ap.add_argument("--chat-template", action="store_true",
+                    help="each --prompts-jsonl prompt is one whole user turn rendered through the target's chat "
+                         "template (generation prompt appended, encoded without added special tokens), and so are "
+                         "the --sim-prompts (their first turn); the last --heldout-prompts prompts are held out")
+    ap.add_argument("--heldout-prompts", type=int, default=64,
+                    help="with --chat-template: prompts held out of training (held-out accuracy and simulation)")
     ap.add_argument("--eval-prompt-files", default="configs/prompts/*.jsonl",
                     help="glob of evaluation prompt files that must not occur in the training text")
     ap.add_argument("--sim-prompts", default="configs/prompts/code.jsonl",
-                    help="prompts of the default experiment (evaluation only)")
+                    help="prompts of the default experiment (evaluation only): objects with 'prompt' or 'turns'")
+    ap.add_argument("--sim-limit", type=int, default=0, help="simulate only the first N --sim-prompts (0 = all)")
     ap.add_argument("--num-seqs", type=int, default=16384, help="training sequences")
     ap.add_argument("--heldout-seqs", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256, help="prompt + generation tokens per sequence")
@@ -777,11 +894,15 @@ def main():
     ap.add_argument("--eval-every", type=int, default=512)
     ap.add_argument("--max-seconds", type=float, default=1e9,
                     help="shorten training (decided at step 30, inside the warmup) to fit this budget")
+    ap.add_argument("--gen-seconds", type=float, default=None,
+                    help="stop generating training sequences (between batches) after this many seconds")
     ap.add_argument("--gamma", default="4,8", help="draft lengths to simulate (comma-separated)")
     ap.add_argument("--sim-new-tokens", type=int, default=192)
     ap.add_argument("--sim-heldout-prompts", type=int, default=8)
     ap.add_argument("--baseline-draft", default="models/draft", help="'' to skip")
     ap.add_argument("--cache-dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--save-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="dtype of the saved weights (the simulation runs the saved weights, in float32)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-report", action="store_true", help="do not write TRAINING.md")
@@ -806,7 +927,12 @@ def main():
 
     # --- target
     tdtype = getattr(torch, args.target_dtype)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=tdtype, attn_implementation="sdpa").to(device).eval()
+    if args.target.endswith(".gguf"):  # transformers dequantizes a GGUF file's tensors (needs the gguf package)
+        src, load_kw = os.path.dirname(args.target) or ".", {"gguf_file": os.path.basename(args.target)}
+    else:
+        src, load_kw = args.target, {}
+    target = AutoModelForCausalLM.from_pretrained(src, dtype=tdtype, attn_implementation="sdpa",
+                                                  **load_kw).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
     tcfg = target.config
@@ -824,19 +950,33 @@ def main():
         log(f"warning: target RoPE type {rope.get('rope_type')}: the head uses plain RoPE with theta {rope_theta}")
     embed, t_norm, t_lm_head = target_parts(target)
     eos_id = tcfg.eos_token_id if isinstance(tcfg.eos_token_id, int) else None
-    tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
+    hf_tok = AutoTokenizer.from_pretrained(src, **load_kw) if (load_kw or args.chat_template) else None
+    tok = HFTokenizer(hf_tok) if load_kw else Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
+
+    def chat_ids(text):
+        """One user turn through the chat template, generation prompt appended, encoded without added
+        special tokens (what the Rust experiment does with chat_template = true)."""
+        r = hf_tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return encode(tok, r)
+
+    enc_prompt = chat_ids if args.chat_template else (lambda text: encode(tok, text, special=True))
     log(f"target {args.target}: {type(target).__name__}, {NL} layers, hidden {TH}, vocab {V}, rope theta {rope_theta}, "
         f"fused layers {layers}")
 
     # --- training / held-out text
     held_names = parse_heldout(args.target)
     eval_files = sorted(glob.glob(args.eval_prompt_files))
+    chat = bool(args.prompts_jsonl and args.chat_template)
+    held_chat = []  # (id, text) of the held-out chat prompts
     if args.prompts_jsonl:
         texts = []
-        for line in open(args.prompts_jsonl):
+        for i, line in enumerate(open(args.prompts_jsonl)):
             if line.strip():
                 d = json.loads(line)
-                texts.append(("jsonl", d.get("text", d.get("prompt"))))
+                texts.append((str(d.get("id", i)), d.get("text", d.get("prompt"))))
+        if chat:
+            k = min(args.heldout_prompts, len(texts) // 2)
+            texts, held_chat = texts[:len(texts) - k], texts[len(texts) - k:]
         train_files, held_files, src_desc = texts, [], f"`{args.prompts_jsonl}`"
         root = None
     else:
@@ -848,14 +988,32 @@ def main():
         log(f"stdlib {root}: {len(files)} files, {len(train_files)} for training prompts; excluded: held-out "
             f"{held_names} (found {len(held_files)}), evaluation sources {EVAL_SOURCE_FILES}")
     ev_texts = eval_prompt_texts(eval_files)
-    bad = check_disjoint([t for _, t in train_files], ev_texts)
+    bad = check_disjoint([t for _, t in train_files] + [t for _, t in held_chat], ev_texts)
     assert not bad, f"evaluation prompts occur verbatim in the training text: {bad[:5]}"
     log(f"checked {len(ev_texts)} evaluation prompts of {len(eval_files)} files: none occurs in the training text")
-    bos = encode(tok, "", special=True)
-    streams = [bos + encode(tok, t) for _, t in train_files]
-    streams = [s for s in streams if len(s) > args.prompt_max + 2]
-    held_streams = [bos + encode(tok, t) for _, t in held_files]
-    held_streams = [s for s in held_streams if len(s) > args.prompt_max + 2]
+    if chat:  # the other direction too: no training prompt equals or is contained in an evaluation prompt
+        norm_ = lambda x: re.sub(r"\s+", " ", x).strip().lower()  # noqa: E731
+        evn = [norm_(t) for _, t in ev_texts]
+        inside = [t for _, t in train_files + held_chat if any(norm_(t) in e for e in evn)]
+        assert not inside, f"training prompts equal to or contained in an evaluation prompt: {inside[:5]}"
+        log(f"checked {len(train_files) + len(held_chat)} chat prompts: none equals or is contained in an "
+            f"evaluation prompt (case- and whitespace-insensitive)")
+    if chat:
+        streams = held_streams = None
+        train_prompts = [chat_ids(t) for _, t in train_files]
+        held_prompts = [chat_ids(t) for _, t in held_chat]
+        held_sim = held_chat[:args.sim_heldout_prompts]
+        pl = [len(x) for x in train_prompts]
+        log(f"chat prompts: {len(train_prompts)} for training, {len(held_prompts)} held out; "
+            f"{min(pl)}-{max(pl)} tokens (mean {sum(pl) / len(pl):.1f}) through the chat template")
+    else:
+        bos = encode(tok, "", special=True)
+        streams = [bos + encode(tok, t) for _, t in train_files]
+        streams = [s for s in streams if len(s) > args.prompt_max + 2]
+        held_streams = [bos + encode(tok, t) for _, t in held_files]
+        held_streams = [s for s in held_streams if len(s) > args.prompt_max + 2]
+        train_prompts = held_prompts = None
+        held_sim = heldout_sim_prompts(held_files, args.sim_heldout_prompts, tok) if held_files else []
 
     if args.eval_only:  # re-measure a saved head: self-test and acceptance simulation only
         with open(os.path.join(args.out, "config.json")) as fh:
@@ -870,12 +1028,12 @@ def main():
         head.load_state_dict(load_file(os.path.join(args.out, "model.safetensors")), strict=True)
         head = head.to(device).float().eval()
         log(f"eval-only: {args.out} ({sum(p.numel() for p in head.parameters())} parameters)")
-        if held_files:
-            pid, p = heldout_sim_prompts(held_files, 1, tok)[0]
-            pids = encode(tok, p, special=True)
+        if held_sim:
+            pid, p = held_sim[0]
+            pids = enc_prompt(p)
             ids = torch.tensor(pids + greedy_continuation(target, pids, 64, device, None), device=device)
             self_test(head, embed, ids, target_forward_all(target, ids, layers)[0])
-        sim = simulate_all(args, target, head, embed, tok, layers, held_files, eos_id, device)
+        sim = simulate_all(args, target, head, embed, enc_prompt, layers, held_sim, eos_id, device)
         if args.metrics_json:
             with open(args.metrics_json, "w") as fh:
                 json.dump({"args": vars(args), "sim": sim, "device": dev_name}, fh, indent=1)
@@ -885,15 +1043,16 @@ def main():
     # --- data generation (the target's hidden states are recorded while it generates)
     t0 = time.time()
     cdt = getattr(torch, args.cache_dtype)
-    train = build_set(target, streams, args.num_seqs, args, rng, device, eos_id, layers, cdt)
+    train = build_set(target, streams, args.num_seqs, args, rng, device, eos_id, layers, cdt, prompts=train_prompts,
+                      max_seconds=args.gen_seconds)
     t_gen = time.time() - t0
     mx = max(train["feats"].float().abs().max().item(), train["fin"].float().abs().max().item())
     assert math.isfinite(mx), "features overflow the cache dtype: use --cache-dtype bfloat16 or float32"
     held = build_set(target, held_streams, args.heldout_seqs, args, random.Random(args.seed + 1), device, eos_id,
-                     layers, torch.float32) if held_streams else None
-    ntok = int(train["ids"].numel())
+                     layers, torch.float32, prompts=held_prompts) if (held_streams or held_prompts) else None
     n_gen = int(train["mask"].sum())
-    log(f"data: {train['ids'].shape[0]} sequences x {args.seq_len} tokens ({ntok} tokens, {n_gen} in the loss, "
+    ntok = int(train["valid"].sum())
+    log(f"data: {train['ids'].shape[0]} sequences of up to {args.seq_len} tokens ({ntok} tokens, {n_gen} in the loss, "
         f"{int(train['sampled'].sum())} sequences sampled at T=1), generation with features {t_gen:.0f}s "
         f"(cached in {cdt}, max |h| {mx:.1f})")
 
@@ -935,8 +1094,10 @@ def main():
     head = head.to(device)
     n_par = sum(p.numel() for p in head.parameters())
     log(f"head: {n_par} parameters, config {json.dumps(cfg)}")
-    tgt_head = lambda x: F.linear(x, t_lm_head.weight.float())  # noqa: E731
     d_ids_dev = draft_ids.to(device) if Vd < V else None
+    w_tgt = t_lm_head.weight.float()
+    w_tgt = w_tgt[d_ids_dev] if d_ids_dev is not None else w_tgt
+    tgt_head = lambda x: F.linear(x, w_tgt)  # noqa: E731  the target's logits over the draft vocabulary
     t2d_dev = t2d.to(device)
     autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=True)
 
@@ -961,13 +1122,13 @@ def main():
     head.train()
     while step < total:
         perm = torch.randperm(N, generator=gen)
-        for f, fi, ids, m in iterate(train, perm, args.batch, device, train["feats"], train["fin"]):
+        for f, fi, ids, m, tam in iterate(train, perm, args.batch, device, train["feats"], train["fin"]):
             if step >= total:
                 break
             for gr in opt.param_groups:
                 gr["lr"] = lr_at(step, total, args.lr, args.warmup)
             loss, st = ttt_loss(head, embed, tgt_head, f, fi, ids, m, args.ttt_steps, args.step_decay,
-                                d_ids_dev, t2d_dev, autocast, pick_anchors(m, args.anchors, gen))
+                                d_ids_dev, t2d_dev, autocast, pick_anchors(m, args.anchors, gen), tam)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
@@ -997,10 +1158,11 @@ def main():
                        + " chain " + " ".join(f"{x:.3f}" for x in ev["chain"]) if ev else ""))
     t_train = time.time() - t_train0
 
-    # --- save (float32) and reload
+    # --- save (--save-dtype) and reload
     os.makedirs(args.out, exist_ok=True)
+    sdt = getattr(torch, args.save_dtype)
     sd = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    sd = {k: (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
+    sd = {k: (v.to(sdt) if v.is_floating_point() else v) for k, v in sd.items()}
     save_file(sd, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
     rope_scaling = None if rope.get("rope_type", "default") == "default" else \
         {k: v for k, v in rope.items() if k != "rope_theta"}
@@ -1026,7 +1188,7 @@ def main():
         "eagle_aux_hidden_state_layer_ids": layers,
         "bos_token_id": getattr(tcfg, "bos_token_id", None),
         "eos_token_id": tcfg.eos_token_id,
-        "torch_dtype": "float32",
+        "torch_dtype": args.save_dtype,
     }
     with open(os.path.join(args.out, "config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
@@ -1044,7 +1206,7 @@ def main():
 
     # --- acceptance simulation
     t0 = time.time()
-    sim = simulate_all(args, target, head, embed, tok, layers, held_files, eos_id, device)
+    sim = simulate_all(args, target, head, embed, enc_prompt, layers, held_sim, eos_id, device)
     t_sim = time.time() - t0
 
     res = {"args": vars(args), "layers": layers, "config": config, "params": n_par, "draft_vocab": Vd,
@@ -1053,7 +1215,9 @@ def main():
            "t_gen": t_gen, "t_train": t_train, "t_sim": t_sim, "t_total": time.time() - t_start,
            "sim": sim, "self_test": st_diff, "device": dev_name, "src": src_desc, "held_names": held_names,
            "eval_files": eval_files, "n_eval_prompts": len(ev_texts),
-           "n_train_files": len(train_files), "n_held_files": len(held_files),
+           "n_train_files": len(train_files), "n_held_files": len(held_files), "chat": chat,
+           "n_train_prompts": len(train_prompts) if chat else 0, "n_held_prompts": len(held_chat),
+           "prompt_tokens": [min(pl), max(pl), sum(pl) / len(pl)] if chat else None,
            "held_seqs": held["ids"].shape[0] if held is not None else 0}
     if args.metrics_json:
         with open(args.metrics_json, "w") as fh:
@@ -1088,7 +1252,7 @@ def write_report(args, r):
     w("")
     w("An EAGLE-3 draft head (Li et al. 2025) trained by `scripts/train_eagle3.py` on the target's own")
     w("generations with training-time-test unrolling. Layout of the original EAGLE-3 release: `config.json`")
-    w("(`LlamaForCausalLMEagle3`) and `model.safetensors` (float32: `fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`,")
+    w(f"(`LlamaForCausalLMEagle3`) and `model.safetensors` ({args.save_dtype}: `fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`,")
     w("`t2d`; no `embed_tokens`: the head uses the target's frozen embedding table). All numbers below were")
     w("measured by the script itself.")
     w("")
@@ -1120,19 +1284,40 @@ def write_report(args, r):
     w("")
     w("## Data")
     w("")
-    w(f"Prompts: random token windows of the {r['src']}, {r['n_train_files']} files, without the target's held-out")
-    w(f"files ({', '.join(r['held_names'])}) and without `{'`, `'.join(EVAL_SOURCE_FILES)}` (the sources of")
-    w("`configs/prompts/context.jsonl`). The script checked that none of the "
-      f"{r['n_eval_prompts']} evaluation prompts of {', '.join('`' + os.path.relpath(e) + '`' for e in r['eval_files'])}")
-    w("occurs verbatim (first 300 characters) in the text the prompts were drawn from.")
     a = r["args"]
-    w(f"Each prompt ({a['prompt_min']}-{a['prompt_max']} tokens, one length per generation batch of {a['gen_batch']}) was continued")
-    w(f"by the target to {a['seq_len']} tokens: {r['seqs'] - r['sampled_seqs']} sequences greedily, {r['sampled_seqs']} with T=1 sampling")
-    w(f"({r['seqs']} sequences, {r['tokens']:,} tokens, {r['generated']:,} in the loss). While generating (float32, one")
-    w("token more than kept, so that every kept position went through the target), the target's hidden states at")
-    w("the fused layers and its final normed hidden state (its logits = lm_head of it) were recorded and cached")
-    w(f"in {a['cache_dtype']}. Loss and accuracy cover generated tokens only (up to a first EOS). Held-out: "
-      f"{r['held_seqs']} sequences made the same way from prompts in the held-out files (features in float32).")
+    if r["chat"]:
+        pt = r["prompt_tokens"]
+        w(f"Prompts: the instructions of {r['src']}, each one user turn rendered through the target's own chat")
+        w("template (its default system message included, generation prompt appended; encoded without added")
+        w(f"special tokens), {pt[0]}-{pt[1]} tokens (mean {pt[2]:.1f}). The last {r['n_held_prompts']} prompts of the file are held")
+        w(f"out; the first {a['num_seqs']} of the other {r['n_train_prompts']} were offered to generation. The script checked that none of the "
+          f"{r['n_eval_prompts']} evaluation prompts")
+        w(f"of {', '.join('`' + os.path.relpath(e) + '`' for e in r['eval_files'])} occurs verbatim (first 300 characters) in")
+        w("the training prompts, and that no training prompt equals or is contained in an evaluation prompt")
+        w("(case- and whitespace-insensitive).")
+        w(f"Generation batches of {a['gen_batch']} prompts of similar length (left-padded with the attention mask, so")
+        w(f"every row has RoPE positions 0, 1, ...), continued by the target to {a['seq_len']} tokens minus the batch's longest")
+        w(f"prompt: {r['seqs'] - r['sampled_seqs']} sequences greedily, {r['sampled_seqs']} with T=1 sampling ({r['seqs']} sequences,")
+        w(f"{r['tokens']:,} tokens, {r['generated']:,} in the loss"
+          + (f"; generation stopped after the batch that crossed its {a['gen_seconds']:.0f} s budget" if a.get("gen_seconds") else "")
+          + "). A batch stops once every row has produced EOS.")
+        w("While generating (float32), one token more than kept, so that every kept position went through the")
+        w("target, the target's hidden states at the fused layers, its final normed hidden state and the argmax of")
+        w(f"its full logits were recorded, the states cached in {a['cache_dtype']}. Loss and accuracy cover generated tokens only (up")
+        w(f"to the first EOS). Held-out: {r['held_seqs']} sequences made the same way from the held-out prompts (features in float32).")
+    else:
+        w(f"Prompts: random token windows of the {r['src']}, {r['n_train_files']} files, without the target's held-out")
+        w(f"files ({', '.join(r['held_names'])}) and without `{'`, `'.join(EVAL_SOURCE_FILES)}` (the sources of")
+        w("`configs/prompts/context.jsonl`). The script checked that none of the "
+          f"{r['n_eval_prompts']} evaluation prompts of {', '.join('`' + os.path.relpath(e) + '`' for e in r['eval_files'])}")
+        w("occurs verbatim (first 300 characters) in the text the prompts were drawn from.")
+        w(f"Each prompt ({a['prompt_min']}-{a['prompt_max']} tokens, one length per generation batch of {a['gen_batch']}) was continued")
+        w(f"by the target to {a['seq_len']} tokens: {r['seqs'] - r['sampled_seqs']} sequences greedily, {r['sampled_seqs']} with T=1 sampling")
+        w(f"({r['seqs']} sequences, {r['tokens']:,} tokens, {r['generated']:,} in the loss). While generating (float32, one")
+        w("token more than kept, so that every kept position went through the target), the target's hidden states at")
+        w("the fused layers and its final normed hidden state (its logits = lm_head of it) were recorded and cached")
+        w(f"in {a['cache_dtype']}. Loss and accuracy cover generated tokens only (up to a first EOS). Held-out: "
+          f"{r['held_seqs']} sequences made the same way from prompts in the held-out files (features in float32).")
     w("")
     w("## Training")
     w("")
@@ -1182,12 +1367,13 @@ def write_report(args, r):
     w("## Acceptance estimate")
     w("")
     w(f"Greedy chain speculation, γ = {' and '.join(str(a['gamma']).split(','))}, {a['sim_new_tokens']} new tokens per prompt, simulated in torch with")
-    w("the real target: the head drafts autoregressively with its own KV cache (the saved float32 weights,")
-    w("loaded back), the target verifies each block with a full forward (float32), the longest matching prefix")
+    w(f"the real target: the head drafts autoregressively with its own KV cache (the saved {args.save_dtype} weights,")
+    w("loaded back, run in float32), the target verifies each block with a full forward (float32), the longest matching prefix")
     w("plus the target's own token is committed, and the head then consumes the target's features of the")
     w("committed positions. τ = (new tokens − generations) / (target forwards − generations), as the Rust")
-    w("experiment reports it (the prefill forward left out); α = accepted / proposed drafts. The shipped")
-    w("draft model (`models/draft`) was simulated on the same target continuations (exact for greedy decoding).")
+    w("experiment reports it (the prefill forward left out); α = accepted / proposed drafts; generation stops")
+    w("at EOS." + (" The shipped draft model (`models/draft`) was simulated on the same target continuations (exact"
+                   " for greedy decoding)." if any("draft" in x for x in r["sim"].values()) else ""))
     if r["self_test"] is not None:
         w(f"Self-test: the incremental inference path reproduces the TTT training forward (max |logit diff| {r['self_test']:.1e}).")
     w("")
@@ -1195,8 +1381,13 @@ def write_report(args, r):
     w("| --- | --- | --- | --- | --- | --- |")
     for key, s in r["sim"].items():
         name = s["set"]
-        desc = {"held-out": f"{len(s['prompts'])} held-out (def lines of the held-out files)",
-                "default": f"{len(s['prompts'])} default (`{a['sim_prompts']}`, evaluation only)"}.get(name, name)
+        if r["chat"]:
+            desc = {"held-out": f"{len(s['prompts'])} held-out training-style prompts (chat template)",
+                    "default": f"**evaluation prompts**: the first {len(s['prompts'])} of `{a['sim_prompts']}` "
+                               f"(first turn, chat template; not used in training)"}.get(name, name)
+        else:
+            desc = {"held-out": f"{len(s['prompts'])} held-out (def lines of the held-out files)",
+                    "default": f"{len(s['prompts'])} default (`{a['sim_prompts']}`, evaluation only)"}.get(name, name)
         for who in ("head", "draft"):
             if who in s:
                 x = s[who]
