@@ -161,3 +161,57 @@ fn the_harness_rejects_an_eagle3_drafter_with_an_unmapped_q() {
         "a broken q passed: {verdict:?}"
     );
 }
+
+/// Sampled EAGLE-3 trees (two i.i.d. children per expanded node, multi-candidate
+/// verification, each node fed its parent's output) follow the target's distribution too.
+#[test]
+fn sampled_eagle3_trees_follow_the_target_distribution() {
+    use common::run::fresh;
+    use rand::SeedableRng;
+    use specdec::speculative::{Drafting, LanguageModel, TreeParams};
+    const TREE_RUNS: usize = 6000;
+    const TREE_NEW: usize = 4;
+    let sampling = settings()[0];
+    let strategy = RotatingStrategy::Staged;
+    let setup = setup(sampling, strategy);
+    let mut drafter = drafter(&setup.target);
+    let tree = TreeParams {
+        width: 2,
+        budget: 4,
+        ..TreeParams::chain()
+    };
+    let params = GenParams {
+        max_new_tokens: TREE_NEW,
+        gamma: GammaPolicy::Fixed(2),
+        ..setup.params
+    };
+    let mut cache = setup.target.new_cache(strategy).unwrap();
+    let mut counts = std::collections::HashMap::new();
+    let mut accepted = 0;
+    specdec::nn::on_cpu_pool(|| {
+        for seed in 0..TREE_RUNS as u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let r = fresh(
+                &setup.target,
+                &mut cache,
+                &setup.prompt,
+                &params,
+                Drafting::tree(&mut drafter, tree),
+                &mut rng,
+            )
+            .unwrap();
+            accepted += r.accepted.iter().sum::<usize>();
+            *counts.entry(r.output_ids).or_insert(0usize) += 1;
+        }
+    });
+    assert!(
+        accepted > TREE_RUNS / 2,
+        "{accepted} drafts accepted in {TREE_RUNS} runs"
+    );
+    let expected = exact_sequences(&setup.target, &setup.prompt, TREE_NEW, &sampling);
+    let verdict = judge(&counts, &expected);
+    assert!(
+        matches!(verdict, Judgement::Consistent { .. }),
+        "{verdict:?}"
+    );
+}
