@@ -3,7 +3,7 @@
 //! reduced draft vocabulary (one of the target's three ids has no draft id, so `q` is zero
 //! there), on a sliding-window target with both rotating strategies; the joint distribution
 //! of six-token generations against the exact one by the chi-square harness of
-//! `engine_distribution.rs`. And the harness rejects a broken EAGLE-3 drafter: one that hands
+//! `engine_distribution.rs`; sampled trees likewise. And the harness rejects a broken EAGLE-3 drafter: one that hands
 //! verification its draft-vocabulary `q` without mapping it to target ids.
 mod common;
 
