@@ -247,3 +247,36 @@ fn the_trained_head_drafts_what_the_target_accepts() {
     // The trained head: well over one accepted draft per step (a random head accepts ~0).
     assert!(mean > 1.5, "mean accepted drafts per step {mean}");
 }
+
+#[test]
+fn bad_heads_are_refused_with_errors_naming_the_file_and_key() {
+    let target = shipped("target");
+    let load = |dir: &Path| {
+        load_eagle3(dir, target.num_layers(), target.embedding())
+            .err()
+            .map(|e| e.to_string())
+            .expect("a bad head must be refused")
+    };
+    // A head for another vocabulary.
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (512, 256), &[1, 2, 3], 100, 1);
+    let e = load(tmp.path());
+    assert!(e.contains("vocab_size") && e.contains("1024"), "{e}");
+    // Fused layers past the target's.
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (1024, 256), &[1, 2, 9], 100, 1);
+    let e = load(tmp.path());
+    assert!(e.contains("eagle_aux_hidden_state_layer_ids"), "{e}");
+    // A cut weights file.
+    let tmp = tempfile::tempdir().unwrap();
+    random_head(tmp.path(), (1024, 256), &[1, 2, 3], 100, 1);
+    let weights = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load(tmp.path());
+    assert!(e.contains("model.safetensors"), "{e}");
+    // No weights at all.
+    std::fs::remove_file(&weights).unwrap();
+    let e = load(tmp.path());
+    assert!(e.contains("pytorch_model.bin"), "{e}");
+}
