@@ -3,8 +3,8 @@
 //! prefill of every turn's whole prompt — for a sliding-window target (the shipped Mistral,
 //! window 64), a full-attention target (the shipped Llama draft used as a target) and a mixed
 //! one (the Gemma 3 fixture: 5 sliding layers of window 8, 1 global), both rotating
-//! strategies, autoregressive, chain-speculative and tree-speculative (draft model and n-gram
-//! drafters), turns 1 and 2. Two conversations share a system text longer than every window.
+//! strategies, autoregressive, chain-speculative and tree-speculative (draft model, EAGLE-3
+//! and n-gram drafters), turns 1 and 2. Two conversations share a system text longer than every window.
 mod common;
 
 use std::sync::Arc;
@@ -14,10 +14,10 @@ use common::run::fresh;
 use common::checkpoint::{load_on_cpu, repo_path, shipped_on_cpu};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, PrefixStore, RotatingStrategy};
-use specdec::models::Model;
+use specdec::models::{load_eagle3, Model};
 use specdec::speculative::{
-    generate, CachedSequence, Drafter, Drafting, GammaPolicy, GenParams, GenerationRecord,
-    ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
+    generate, CachedSequence, Drafter, Drafting, Eagle3Drafter, GammaPolicy, GenParams,
+    GenerationRecord, ModelDrafter, NgramDrafter, ResidualRule, SamplingParams, TreeParams,
 };
 
 fn greedy(gamma: usize) -> GenParams {
@@ -156,7 +156,12 @@ fn converse(
             t1.prefill_tokens_computed + t1.prefill_tokens_reused,
             p1.len()
         );
-        if c == 1 && seq.store().is_some() {
+        // A drafter reading the target's hidden states takes no prefix from the store.
+        let reads_states = match method {
+            Method::Speculative(d) | Method::Tree(d) => d.target_layers().is_some(),
+            Method::Autoregressive => false,
+        };
+        if c == 1 && seq.store().is_some() && !reads_states {
             assert!(
                 t1.prefill_tokens_reused > 0,
                 "the system text comes from the store"
@@ -172,7 +177,7 @@ fn converse(
     outputs
 }
 
-fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
+fn check_target(target: &Model, drafter: Option<Arc<Model>>, head: Option<&std::path::Path>) {
     let vocab = target.info().vocab_size as u32;
     let script = Script::new(vocab);
     for strategy in [
@@ -201,6 +206,13 @@ fn check_target(target: &Model, drafter: Option<Arc<Model>>) {
                 methods.push(Method::Speculative(Box::new(draft())));
                 methods.push(Method::Tree(Box::new(draft())));
             }
+            if let Some(dir) = head {
+                let head = load_eagle3(dir, target.num_layers(), target.embedding()).unwrap();
+                let head = Arc::new(head);
+                let eagle = || Box::new(Eagle3Drafter::new("eagle3", Arc::clone(&head)).unwrap());
+                methods.push(Method::Speculative(eagle()));
+                methods.push(Method::Tree(eagle()));
+            }
             for mut method in methods {
                 let mut seq = CachedSequence::new(target.new_cache(strategy).unwrap());
                 if store {
@@ -224,18 +236,26 @@ fn sliding_window_target_with_store_and_continued_turns_equals_fresh_prefills() 
     check_target(
         &shipped_on_cpu("target"),
         Some(Arc::new(shipped_on_cpu("draft"))),
+        Some(&repo_path("models/eagle3")),
     );
 }
 
 #[test]
 fn full_attention_target_with_store_and_continued_turns_equals_fresh_prefills() {
+    let tmp = tempfile::tempdir().unwrap();
+    common::eagle3::random_head(tmp.path(), (1024, 128), &[0, 1, 2], 1024, 3);
     check_target(
         &shipped_on_cpu("draft"),
         Some(Arc::new(shipped_on_cpu("draft"))),
+        Some(tmp.path()),
     );
 }
 
 #[test]
 fn mixed_target_with_store_and_continued_turns_equals_fresh_prefills() {
-    check_target(&load_on_cpu(&repo_path("tests/fixtures/hf/gemma3")), None);
+    check_target(
+        &load_on_cpu(&repo_path("tests/fixtures/hf/gemma3")),
+        None,
+        None,
+    );
 }

@@ -104,7 +104,8 @@ impl CachedSequence {
 
     /// Brings the cache to the state after `prompt` and returns the last position's logits
     /// (`[1, vocab]`). Reuses the longest of: the held tokens shared with `prompt` (rewound
-    /// to), the store's longest stored prefix (restored); the rest is run through `model`,
+    /// to), the store's longest stored prefix (restored; not while the cache hands out hidden
+    /// states, which a store does not keep); the rest is run through `model`,
     /// in chunks ending at checkpoints when a store holds rotating layers, each checkpoint
     /// then stored. A refused rewind or restore falls back to a full prefill. On error the
     /// sequence is reset.
@@ -172,7 +173,13 @@ impl CachedSequence {
             true => shared,
             false => 0,
         };
-        if let Some(store) = self.store.as_mut() {
+        // A stored prefix holds no hidden states: a cache that hands them out (to a drafter
+        // reading the target's states) computes what it does not hold.
+        let store = self
+            .store
+            .as_mut()
+            .filter(|_| self.cache.hidden_layers().is_none());
+        if let Some(store) = store {
             // A refusal leaves the cache unchanged or poisoned (then reset below).
             if let Ok(len @ 1..) = store.restore(prompt, base, &mut self.cache) {
                 base = len;
