@@ -17,6 +17,27 @@ the CPU in about a minute (self-test and acceptance simulation, no training):
 
     python3 scripts/train_eagle3.py --eval-only --out models/eagle3
 
+Command used for models/eagle3-smollm2 (the real SmolLM2-135M-Instruct Q4_1 GGUF file, which transformers
+dequantizes to float32 with the `gguf` package, as the Rust engine does; instruction prompts of
+models/eagle3-smollm2/prompts.jsonl, made by make_prompts.py there, through the target's chat template;
+2-core CPU, generation and training each cut by a time budget; models/eagle3-smollm2/TRAINING.md has the
+numbers):
+
+    OMP_WAIT_POLICY=PASSIVE python3 scripts/train_eagle3.py \
+        --target models/real/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --prompts-jsonl models/eagle3-smollm2/prompts.jsonl --chat-template --layers 2,15,27 \
+        --draft-vocab 8192 --intermediate 1024 --save-dtype float16 --num-seqs 2900 --heldout-prompts 64 \
+        --heldout-seqs 32 --seq-len 224 --gen-batch 64 --sample-frac 0.2 --gen-seconds 1150 --ttt-steps 4 \
+        --anchors 32 --batch 16 --epochs 40 --eval-every 150 --max-seconds 1200 --gamma 4 \
+        --sim-new-tokens 128 --sim-heldout-prompts 4 --sim-prompts configs/prompts/spec_bench_question.jsonl \
+        --sim-limit 8 --baseline-draft '' --out models/eagle3-smollm2
+
+With --chat-template each prompt is one whole user turn through the chat template (generation batches of
+prompts of similar length, left-padded with the attention mask, rows stored left-aligned); the
+simulation's --sim-prompts go through the template too (Spec-Bench's first turn). The target's logits in
+the loss are its lm_head rows of the draft vocabulary; whether the target's choice lies in the draft
+vocabulary is decided by the argmax over the whole vocabulary, recorded while generating.
+
 Larger targets on a GPU (the prompt source, the number of sequences and the lengths are flags):
 
     python3 scripts/train_eagle3.py --target /path/to/hf-model --device cuda --target-dtype bfloat16 \
@@ -924,6 +945,8 @@ def main():
     rng = random.Random(args.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        torch.set_flush_denormal(True)  # the KL's exp/mul on tiny probabilities: denormals are slow on x86
 
     # --- target
     tdtype = getattr(torch, args.target_dtype)

@@ -253,9 +253,9 @@ fn full_attention_target_with_store_and_continued_turns_equals_fresh_prefills() 
 
 #[test]
 fn mixed_target_with_store_and_continued_turns_equals_fresh_prefills() {
-    check_target(
-        &load_on_cpu(&repo_path("tests/fixtures/hf/gemma3")),
-        None,
-        None,
-    );
+    // A random head over layers of both kinds (vLLM's default ids for six layers: 2, 3, 3).
+    let tmp = tempfile::tempdir().unwrap();
+    common::eagle3::random_head(tmp.path(), (256, 64), &[2, 3, 3], 200, 5);
+    let target = load_on_cpu(&repo_path("tests/fixtures/hf/gemma3"));
+    check_target(&target, None, Some(tmp.path()));
 }
