@@ -91,14 +91,17 @@ the same simulation for comparison.
 """
 
 import argparse
+import collections
 import copy
 import glob
+import importlib.metadata
 import json
 import math
 import os
 import platform
 import random
 import re
+import shlex
 import sys
 import sysconfig
 import time
@@ -502,8 +505,9 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
     if prompts is None:
         wins = sample_windows(streams, n, args.prompt_min, args.prompt_max, args.seq_len, rng)
     else:
-        wins = sorted(prompts[:n], key=len)
-    ids_l, f_l, fi_l, am_l, v_l, plens, sampled = [], [], [], [], [], [], []
+        sel = sorted(range(min(n, len(prompts))), key=lambda k: len(prompts[k]))  # stable: ties keep file order
+        wins = [prompts[k] for k in sel]
+    ids_l, f_l, fi_l, am_l, v_l, plens, sampled, used = [], [], [], [], [], [], [], []
     nb = (len(wins) + args.gen_batch - 1) // args.gen_batch
     n_sample = round(nb * args.sample_frac)
     modes = [True] * n_sample + [False] * (nb - n_sample)
@@ -541,6 +545,8 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
         am_l.append(am)
         v_l.append(v)
         plens += lens
+        if prompts is not None:
+            used += sel[b * args.gen_batch:(b + 1) * args.gen_batch]
         sampled += [modes[b]] * ids.shape[0]
         if (i + 1) % 5 == 0 or i + 1 == nb or i < 2:
             log(f"  generated {len(plens)} sequences ({i + 1}/{nb} batches) in {time.time() - t0:.0f}s")
@@ -557,7 +563,7 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
         first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((ids.shape[0],), L))
         mask &= p + 1 <= first[:, None]
     return {"ids": ids, "plen": plen, "mask": mask, "sampled": torch.tensor(sampled), "valid": valid,
-            "feats": torch.cat(f_l), "fin": torch.cat(fi_l), "targmax": torch.cat(am_l)}
+            "feats": torch.cat(f_l), "fin": torch.cat(fi_l), "targmax": torch.cat(am_l), "prompt_idx": used}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -930,7 +936,16 @@ def main():
     ap.add_argument("--eval-only", action="store_true",
                     help="no training: load the head saved in --out and run the self-test and the acceptance simulation")
     ap.add_argument("--metrics-json", default=None)
+    ap.add_argument("--report-from", default=None,
+                    help="no run: write --out/TRAINING.md again from the --metrics-json file of an earlier run")
     args = ap.parse_args()
+    if args.report_from:
+        with open(args.report_from) as fh:
+            res = json.load(fh)
+        ra = argparse.Namespace(**res["args"])
+        ra.out = args.out
+        write_report(ra, res)
+        return
 
     t_start = time.time()
     if args.threads:
@@ -991,12 +1006,14 @@ def main():
     eval_files = sorted(glob.glob(args.eval_prompt_files))
     chat = bool(args.prompts_jsonl and args.chat_template)
     held_chat = []  # (id, text) of the held-out chat prompts
+    categories = []  # 'category' of each prompt of --prompts-jsonl (None where absent)
     if args.prompts_jsonl:
         texts = []
         for i, line in enumerate(open(args.prompts_jsonl)):
             if line.strip():
                 d = json.loads(line)
                 texts.append((str(d.get("id", i)), d.get("text", d.get("prompt"))))
+                categories.append(d.get("category"))
         if chat:
             k = min(args.heldout_prompts, len(texts) // 2)
             texts, held_chat = texts[:len(texts) - k], texts[len(texts) - k:]
@@ -1241,6 +1258,9 @@ def main():
            "n_train_files": len(train_files), "n_held_files": len(held_files), "chat": chat,
            "n_train_prompts": len(train_prompts) if chat else 0, "n_held_prompts": len(held_chat),
            "prompt_tokens": [min(pl), max(pl), sum(pl) / len(pl)] if chat else None,
+           "train_categories": dict(sorted(collections.Counter(str(categories[k]) for k in train["prompt_idx"]).items()))
+           if chat and any(categories) else None,
+           "command": command_args(),
            "held_seqs": held["ids"].shape[0] if held is not None else 0}
     if args.metrics_json:
         with open(args.metrics_json, "w") as fh:
@@ -1310,6 +1330,16 @@ def write_report(args, r):
     a = r["args"]
     if r["chat"]:
         pt = r["prompt_tokens"]
+        gen_py = os.path.join(os.path.dirname(a["prompts_jsonl"]), "make_prompts.py")
+        if os.path.exists(gen_py):
+            doc = open(gen_py).read().split('"""')[1].strip().split("\n\n")
+            w(f"Prompt source: `{os.path.relpath(gen_py)}` wrote `{a['prompts_jsonl']}`. " + " ".join(doc[0].split("\n")[:1]))
+            w(" ".join(" ".join(doc[1].split("\n")).split()))
+            w("")
+        if r.get("train_categories"):
+            w("Categories of the prompts whose generations were trained on: "
+              + ", ".join(f"{k} {v}" for k, v in r["train_categories"].items()) + ".")
+            w("")
         w(f"Prompts: the instructions of {r['src']}, each one user turn rendered through the target's own chat")
         w("template (its default system message included, generation prompt appended; encoded without added")
         w(f"special tokens), {pt[0]}-{pt[1]} tokens (mean {pt[2]:.1f}). The last {r['n_held_prompts']} prompts of the file are held")
@@ -1361,6 +1391,9 @@ def write_report(args, r):
     w("")
     w(f"Timings ({r['device']}): generation with feature capture {r['t_gen']:.0f} s, training "
       f"{r['t_train']:.0f} s, acceptance simulation {r['t_sim']:.0f} s; whole run {r['t_total']:.0f} s.")
+    if r["t_train"] > a["max_seconds"]:
+        w(f"(Training overran its --max-seconds {a['max_seconds']:.0f}: the budget is applied at step 30 from the speed of")
+        w("steps 10-30, which leaves out the held-out evaluations and was faster than the later steps.)")
     w("")
     K = a["ttt_steps"]
     dec = a["step_decay"]
@@ -1427,11 +1460,15 @@ def write_report(args, r):
     w("## Reproduce")
     w("")
     w("```")
-    w(" ".join(["python3", "scripts/train_eagle3.py"] + command_args()))
+    w(" ".join(["python3", "scripts/train_eagle3.py"] + [shlex.quote(x) for x in r.get("command", command_args())]))
     w("```")
     w("")
-    w(f"Environment: Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-      f"{r['device']}. The prompt text depends on the interpreter's standard library version.")
+    try:
+        gguf_v = f", gguf {importlib.metadata.version('gguf')}" if a["target"].endswith(".gguf") else ""
+    except importlib.metadata.PackageNotFoundError:
+        gguf_v = ""
+    w(f"Environment: Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}{gguf_v}, "
+      f"{r['device']}." + ("" if r.get("chat") else " The prompt text depends on the interpreter's standard library version."))
     path = os.path.join(args.out, "TRAINING.md")
     with open(path, "w") as fh:
         fh.write("\n".join(L).rstrip("\n") + "\n")
