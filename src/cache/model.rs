@@ -563,7 +563,12 @@ impl Speculation<'_> {
                 return Err(e);
             }
         }
-        self.cache.hidden_settled(Some(&(0..n).collect::<Vec<_>>()))
+        if self.cache.hidden.is_none() {
+            // Nothing recorded: no row list to build on this per-step path.
+            return Ok(());
+        }
+        let rows: Vec<usize> = (0..n).collect();
+        self.cache.hidden_settled(Some(&rows))
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 
-use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter};
+use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter, FixedDraft};
 use super::sampling::{sample, SamplingParams};
 use super::tree::DraftTree;
 use super::tree_draft::{grow_tree, grows};
@@ -376,12 +376,7 @@ impl Drafter for Eagle3Drafter {
         }
         let max = request.chain_len();
         if max == 0 || context.is_empty() {
-            return Ok(Box::new(Eagle3Draft {
-                _spec: self.cache.speculate()?,
-                tokens: Vec::new(),
-                probs: None,
-                tree: DraftTree::default(),
-            }));
+            return Ok(Box::new(FixedDraft::Chain(Vec::new())));
         }
         self.chain(context, (max, request.queued), &request.sampling, rng)
     }
