@@ -18,19 +18,20 @@ the CPU in about a minute (self-test and acceptance simulation, no training):
     python3 scripts/train_eagle3.py --eval-only --out models/eagle3
 
 Command used for models/eagle3-smollm2 (the real SmolLM2-135M-Instruct Q4_1 GGUF file, which transformers
-dequantizes to float32 with the `gguf` package, as the Rust engine does; instruction prompts of
-models/eagle3-smollm2/prompts.jsonl, made by make_prompts.py there, through the target's chat template;
-2-core CPU, generation and training each cut by a time budget; models/eagle3-smollm2/TRAINING.md has the
-numbers):
+dequantizes to float32 with the `gguf` package, as the Rust engine does; one NVIDIA H200, 561 s in all;
+instruction prompts of models/eagle3-smollm2/prompts.jsonl, made by make_prompts.py there, and requests the
+target wrote itself (--self-prompts), each through the target's chat template; generation and training each
+cut by a time budget; models/eagle3-smollm2/TRAINING.md has the numbers):
 
-    OMP_WAIT_POLICY=PASSIVE python3 scripts/train_eagle3.py \
+    python3 scripts/train_eagle3.py --device cuda \
         --target models/real/SmolLM2-135M-Instruct.Q4_1.gguf \
         --prompts-jsonl models/eagle3-smollm2/prompts.jsonl --chat-template --layers 2,15,27 \
-        --draft-vocab 8192 --intermediate 1024 --save-dtype float16 --num-seqs 2900 --heldout-prompts 64 \
-        --heldout-seqs 32 --seq-len 224 --gen-batch 64 --sample-frac 0.2 --gen-seconds 1150 --ttt-steps 4 \
-        --anchors 32 --batch 16 --epochs 40 --eval-every 150 --max-seconds 1200 --gamma 4 \
-        --sim-new-tokens 128 --sim-heldout-prompts 4 --sim-prompts configs/prompts/spec_bench_question.jsonl \
-        --sim-limit 8 --baseline-draft '' --out models/eagle3-smollm2
+        --draft-vocab 12288 --intermediate 1024 --save-dtype float16 --self-prompts 12000 \
+        --self-prompt-tokens 96 --self-prompt-seconds 50 --gen-batch 512 --num-seqs 20000 --heldout-prompts 64 \
+        --heldout-seqs 64 --seq-len 352 --sample-frac 0.2 --gen-seconds 150 --ttt-steps 5 --anchors 64 \
+        --batch 64 --epochs 30 --eval-every 200 --max-seconds 150 --gamma 4 --sim-new-tokens 128 \
+        --sim-heldout-prompts 4 --sim-prompts configs/prompts/spec_bench_question.jsonl --sim-limit 8 \
+        --baseline-draft '' --out models/eagle3-smollm2
 
 With --chat-template each prompt is one whole user turn through the chat template (generation batches of
 prompts of similar length, left-padded with the attention mask, rows stored left-aligned); the
@@ -423,6 +424,39 @@ def no_eos_config(target):
     if gc.pad_token_id is None:
         gc.pad_token_id = 0
     return gc
+
+
+@torch.no_grad()
+def self_prompts(target, hf_tok, tok, n, max_tokens, batch, device, seed, eos_id, max_seconds):
+    """Up to n user requests written by the target itself (Magpie, Xu et al. 2024: an instruction model
+    continues its chat template from the opening of a user turn): the template is rendered up to where a
+    user turn's text begins (the default system message included), and the target samples the turn at
+    T = 1 with top-p 0.95 until its end-of-turn token (eos_id). Turns that end within max_tokens and hold
+    at least 16 characters are kept, stripped, and deduplicated (case- and whitespace-insensitive).
+    Returns (texts, batches run); stops after max_seconds or 4 n / batch batches."""
+    mark = "\u2063SPECDEC-USER-TURN\u2063"
+    rendered = hf_tok.apply_chat_template([{"role": "user", "content": mark}], add_generation_prompt=False,
+                                          tokenize=False)
+    prefix = encode(tok, rendered[:rendered.index(mark)])
+    gc = copy.deepcopy(target.generation_config)
+    gc.eos_token_id, gc.pad_token_id = eos_id, eos_id
+    torch.manual_seed(seed)
+    out, seen, t0, runs = [], set(), time.time(), 0
+    while len(out) < n and runs < max(1, 4 * n // batch) and time.time() - t0 < max_seconds:
+        ids = torch.tensor([prefix] * batch, device=device)
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                              generation_config=gc, do_sample=True, temperature=1.0, top_k=0, top_p=0.95)
+        runs += 1
+        for row in seq[:, len(prefix):].tolist():
+            if eos_id not in row:
+                continue  # the turn did not end within max_tokens
+            text = hf_tok.decode(row[:row.index(eos_id)], skip_special_tokens=True).strip()
+            key = re.sub(r"\s+", " ", text).lower()
+            if len(text) >= 16 and key not in seen:
+                seen.add(key)
+                out.append(text)
+        log(f"  self-written prompts: {len(out)} after {runs} batches of {batch} ({time.time() - t0:.0f}s)")
+    return out[:n], runs
 
 
 class ArgmaxRecorder(LogitsProcessor):
@@ -904,6 +938,10 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256, help="prompt + generation tokens per sequence")
     ap.add_argument("--prompt-min", type=int, default=16)
     ap.add_argument("--prompt-max", type=int, default=64)
+    ap.add_argument("--self-prompts", type=int, default=0,
+                    help="with --chat-template: add up to N user requests written by the target itself (Magpie)")
+    ap.add_argument("--self-prompt-tokens", type=int, default=96, help="longest self-written request, in tokens")
+    ap.add_argument("--self-prompt-seconds", type=float, default=120.0, help="time budget of the self-written requests")
     ap.add_argument("--sample-frac", type=float, default=0.25,
                     help="share of sequences generated with T=1 sampling (the rest greedy)")
     ap.add_argument("--gen-batch", type=int, default=256)
@@ -1007,6 +1045,7 @@ def main():
     chat = bool(args.prompts_jsonl and args.chat_template)
     held_chat = []  # (id, text) of the held-out chat prompts
     categories = []  # 'category' of each prompt of --prompts-jsonl (None where absent)
+    self_info = None  # the self-written prompts: how many were kept, in how many batches and seconds
     if args.prompts_jsonl:
         texts = []
         for i, line in enumerate(open(args.prompts_jsonl)):
@@ -1017,6 +1056,30 @@ def main():
         if chat:
             k = min(args.heldout_prompts, len(texts) // 2)
             texts, held_chat = texts[:len(texts) - k], texts[len(texts) - k:]
+            categories = categories[:len(texts)]
+        if chat and args.self_prompts:  # after the file's prompts, so --num-seqs reaches them last
+            t0 = time.time()
+            own, n_runs = self_prompts(target, hf_tok, tok, args.self_prompts, args.self_prompt_tokens,
+                                       args.gen_batch, device, args.seed + 7, eos_id, args.self_prompt_seconds)
+            key = lambda x: re.sub(r"\s+", " ", x).strip().lower()  # noqa: E731
+            file_keys = {key(t) for _, t in texts + held_chat}
+            ev_probe = [(key(t), t.strip()[:300]) for _, t in eval_prompt_texts(eval_files)]
+            ev_joined = "\x00".join(k for k, _ in ev_probe)
+            n_own = len(own)
+            # the checks below assert these two directions for every training prompt: here a
+            # self-written request that meets an evaluation prompt is dropped instead
+            own = [t for t in own if key(t) not in file_keys and key(t) not in ev_joined
+                   and not any(len(p) >= 16 and p in t for _, p in ev_probe)]
+            self_info = {"written": n_own, "kept": len(own), "batches": n_runs, "batch": args.gen_batch,
+                         "max_tokens": args.self_prompt_tokens, "seconds": time.time() - t0}
+            log(f"self-written prompts: {len(own)} of {n_own} kept (the others repeat a file prompt or meet an "
+                f"evaluation prompt)")
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "self_prompts.jsonl"), "w") as fh:  # what was trained on, for reruns
+                for i, t in enumerate(own):
+                    fh.write(json.dumps({"id": f"self-{i}", "category": "self-written", "prompt": t}) + "\n")
+            texts += [(f"self-{i}", t) for i, t in enumerate(own)]
+            categories += ["self-written"] * len(own)
         train_files, held_files, src_desc = texts, [], f"`{args.prompts_jsonl}`"
         root = None
     else:
@@ -1260,7 +1323,7 @@ def main():
            "prompt_tokens": [min(pl), max(pl), sum(pl) / len(pl)] if chat else None,
            "train_categories": dict(sorted(collections.Counter(str(categories[k]) for k in train["prompt_idx"]).items()))
            if chat and any(categories) else None,
-           "command": command_args(),
+           "self_prompts": self_info, "command": command_args(),
            "held_seqs": held["ids"].shape[0] if held is not None else 0}
     if args.metrics_json:
         with open(args.metrics_json, "w") as fh:
@@ -1339,6 +1402,15 @@ def write_report(args, r):
         if r.get("train_categories"):
             w("Categories of the prompts whose generations were trained on: "
               + ", ".join(f"{k} {v}" for k, v in r["train_categories"].items()) + ".")
+            w("")
+        sp = r.get("self_prompts")
+        if sp:
+            w(f"Self-written prompts (`--self-prompts {a['self_prompts']}`): {sp['kept']} user requests written by the target")
+            w("itself (Magpie, Xu et al. 2024): its chat template rendered up to where a user turn's text begins, the")
+            w(f"turn sampled at T = 1, top-p 0.95, until its end-of-turn token, at most {sp['max_tokens']} tokens; of {sp['written']}")
+            w("distinct requests of at least 16 characters, those equal to a file prompt or meeting an evaluation prompt")
+            w(f"(either contained in the other) were dropped ({sp['batches']} batches of {sp['batch']}, {sp['seconds']:.0f} s).")
+            w("They follow the file's prompts in the training list.")
             w("")
         w(f"Prompts: the instructions of {r['src']}, each one user turn rendered through the target's own chat")
         w("template (its default system message included, generation prompt appended; encoded without added")
