@@ -188,6 +188,16 @@ fn bad_values_name_the_key_and_the_allowed_values() {
             "(0, 1)",
         ),
         (
+            "[drafters.a]\nkind = \"eagle3\"\npath = \"x\"\nconfidence = 0.0\n",
+            "drafters.a.confidence",
+            "(0, 1)",
+        ),
+        (
+            "[drafters.a]\nkind = \"ngram\"\nconfidence = 0.5\n",
+            "drafters.a.confidence",
+            "does not apply",
+        ),
+        (
             "[sweep.adaptive]\nmin = 4\nmax = 2\n",
             "sweep.adaptive",
             "min <= start <= max",

@@ -90,19 +90,34 @@ fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
     }
 }
 
+/// What [`check_greedy`] saw: accepted drafts per step without a confidence threshold, and
+/// with one, how many chain steps stopped short of γ out of how many.
+struct GreedyStats {
+    mean_accepted: f64,
+    short_chains: usize,
+    chains: usize,
+}
+
 /// Greedy speculation with `head` on `target` equals autoregressive decoding for chains of
-/// several lengths and a tree, every rotating strategy; returns the accepted drafts per step.
+/// several lengths and a tree, every rotating strategy, with and without a confidence
+/// threshold (`CONFIDENCE`).
 fn check_greedy(
     target: &Model,
     head_dir: &Path,
     prompts: &[Vec<u32>],
     (new, strategies): (usize, &[RotatingStrategy]),
-) -> f64 {
+) -> GreedyStats {
+    const CONFIDENCE: f32 = 0.5;
     let head =
         Arc::new(load_eagle3(head_dir, target.num_layers(), target.embedding()).expect("head"));
     let mut accepted = (0usize, 0usize);
-    for &strategy in strategies {
-        let mut drafter = Eagle3Drafter::new("eagle3", Arc::clone(&head)).unwrap();
+    let (mut short_chains, mut chains) = (0, 0);
+    for (&strategy, confidence) in strategies
+        .iter()
+        .flat_map(|s| [(s, None), (s, Some(CONFIDENCE))])
+    {
+        let mut drafter =
+            Eagle3Drafter::with_confidence("eagle3", Arc::clone(&head), confidence).unwrap();
         for prompt in prompts {
             let mut cache = target.new_cache(strategy).unwrap();
             let mut rng = StdRng::seed_from_u64(0);
@@ -136,17 +151,28 @@ fn check_greedy(
                     .unwrap();
                     assert_eq!(
                         r.output_ids, ar.output_ids,
-                        "{strategy:?} γ = {gamma} tree width {}",
+                        "{strategy:?} γ = {gamma} tree width {} confidence {confidence:?}",
                         tree.width
                     );
                     assert!(r.draft_forwards > 0);
-                    accepted.0 += r.accepted.iter().sum::<usize>();
-                    accepted.1 += r.accepted.len();
+                    if confidence.is_none() {
+                        accepted.0 += r.accepted.iter().sum::<usize>();
+                        accepted.1 += r.accepted.len();
+                    } else if tree.width == 1 && gamma > 1 {
+                        // The last step may be cut by the token budget instead.
+                        let steps = &r.proposed[..r.proposed.len().saturating_sub(1)];
+                        short_chains += steps.iter().filter(|&&p| p < gamma).count();
+                        chains += steps.len();
+                    }
                 }
             }
         }
     }
-    accepted.0 as f64 / accepted.1 as f64
+    GreedyStats {
+        mean_accepted: accepted.0 as f64 / accepted.1 as f64,
+        short_chains,
+        chains,
+    }
 }
 
 #[test]
@@ -243,9 +269,17 @@ fn the_trained_head_drafts_what_the_target_accepts() {
         prompt("import os\n\n\ndef "),
         prompt("class Queue:\n    \"\"\"A FIFO queue.\"\"\"\n\n    def __init__(self, "),
     ];
-    let mean = check_greedy(&target, &dir, &prompts, (120, &STRATEGIES));
+    let stats = check_greedy(&target, &dir, &prompts, (120, &STRATEGIES));
     // The trained head: well over one accepted draft per step (a random head accepts ~0).
+    let mean = stats.mean_accepted;
     assert!(mean > 1.5, "mean accepted drafts per step {mean}");
+    // Its confidence threshold stops some chains early and lets others run to γ (so the
+    // equality above covered both).
+    let (short, all) = (stats.short_chains, stats.chains);
+    assert!(
+        0 < short && short < all,
+        "{short} of {all} chains stopped short"
+    );
 }
 
 #[test]

@@ -44,11 +44,32 @@ fn setup(sampling: SamplingParams, strategy: RotatingStrategy) -> Setup {
 
 /// A head fusing the toy's two hidden states, with draft ids {0, 1} (+ their offsets).
 fn drafter(target: &Toy) -> Eagle3Drafter {
+    drafter_with(target, None)
+}
+
+/// [`drafter`] stopping below `confidence`.
+fn drafter_with(target: &Toy, confidence: Option<f32>) -> Eagle3Drafter {
     let tmp = tempfile::tempdir().unwrap();
     random_head(tmp.path(), (VOCAB, DIM), &[0, 1], 2, 5);
     let head = load_eagle3(tmp.path(), 1, target.embedding()).unwrap();
     assert_eq!(head.draft_to_target(), [0, 1]);
-    Eagle3Drafter::new("eagle3", Arc::new(head)).unwrap()
+    Eagle3Drafter::with_confidence("eagle3", Arc::new(head), confidence).unwrap()
+}
+
+/// Runs `setup` with the head stopping below `confidence`; asserts the output distribution
+/// is the target's.
+fn consistent(setup: &Setup, confidence: Option<f32>) -> common::distribution::Observed {
+    let mut drafter = drafter_with(&setup.target, confidence);
+    let obs = observe(setup, &mut drafter, &Lossless, GAMMA);
+    let sampling = setup.params.sampling;
+    let expected = exact_sequences(&setup.target, &setup.prompt, NEW, &sampling);
+    let verdict = judge(&obs.counts, &expected);
+    assert!(
+        matches!(verdict, Judgement::Consistent { .. }),
+        "{sampling:?} {:?} confidence {confidence:?}: {verdict:?}",
+        setup.strategy
+    );
+    obs
 }
 
 #[test]
@@ -59,20 +80,24 @@ fn sampled_eagle3_speculation_follows_the_target_distribution() {
     ] {
         for sampling in settings() {
             let setup = setup(sampling, strategy);
-            let mut drafter = drafter(&setup.target);
-            let obs = observe(&setup, &mut drafter, &Lossless, GAMMA);
-            let expected = exact_sequences(&setup.target, &setup.prompt, NEW, &sampling);
-            let verdict = judge(&obs.counts, &expected);
-            assert!(
-                matches!(verdict, Judgement::Consistent { .. }),
-                "{sampling:?} {strategy:?}: {verdict:?}"
-            );
+            let obs = consistent(&setup, None);
             assert!(
                 obs.all_accepted > 0 && obs.accept_then_reject > 0 && obs.first_rejected > 0,
                 "{sampling:?} {strategy:?}: paths not reached: {obs:?}"
             );
         }
     }
+}
+
+/// With a confidence threshold, chains stop before a position whose largest `q` is below it
+/// (decided before the draft there is drawn), and the output still follows the target.
+#[test]
+fn sampled_eagle3_speculation_with_a_confidence_threshold_follows_the_target_distribution() {
+    let obs = consistent(&setup(settings()[0], RotatingStrategy::Staged), Some(0.75));
+    assert!(
+        obs.short_steps > 0 && obs.max_proposed == GAMMA,
+        "the threshold should stop some chains and not others: {obs:?}"
+    );
 }
 
 /// Hands over the inner drafter's chains with `q` rows that give the id the draft

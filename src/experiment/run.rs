@@ -299,7 +299,8 @@ fn draft_sources(
         };
         if let (Some(head), DrafterKind::Eagle3) = (heads.get(name), d.kind) {
             let head = Arc::clone(head);
-            sources.insert(name.to_string(), DraftSource::Eagle3 { head });
+            let confidence = d.confidence;
+            sources.insert(name.to_string(), DraftSource::Eagle3 { head, confidence });
             continue;
         }
         let source = match (d.kind, models.remove(name)) {

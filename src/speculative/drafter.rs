@@ -277,7 +277,7 @@ impl<M: LanguageModel> ModelDrafter<M> {
 }
 
 /// The draft's next-token distribution at one position, before a token is drawn from it.
-enum NextDist {
+pub(super) enum NextDist {
     /// Greedy drafting: the argmax (its `q` is one-hot).
     Argmax(u32),
     /// Sampled drafting: `q`, built with the same settings as the target's `p`.
@@ -298,17 +298,24 @@ fn next_dist(
         let token = crate::nn::argmax_rows(&last.unsqueeze(0)?)?[0];
         return Ok((NextDist::Argmax(token), 1.0));
     }
-    let row = last.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    Ok(row_dist(
+        &last.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+        sampling,
+    ))
+}
+
+/// [`next_dist`] of one host row of logits, the confidence always computed.
+pub(super) fn row_dist(row: &[f32], sampling: &SamplingParams) -> (NextDist, f32) {
     if sampling.is_greedy() {
-        let token = argmax(&row);
-        return Ok((
+        let token = argmax(row);
+        return (
             NextDist::Argmax(token as u32),
-            greedy_confidence(&row, token),
-        ));
+            greedy_confidence(row, token),
+        );
     }
-    let q = sampling.probs(&row);
+    let q = sampling.probs(row);
     let conf = largest(&q);
-    Ok((NextDist::Probs(q), conf))
+    (NextDist::Probs(q), conf)
 }
 
 /// The softmax (T = 1) probability of the argmax `token` of logits `row`.
@@ -334,7 +341,7 @@ pub(super) fn confidence(row: &[f32], sampling: &SamplingParams) -> f32 {
 }
 
 /// Draws the draft token; returns it with the distribution it came from (sampling only).
-fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
+pub(super) fn draw(next: NextDist, rng: &mut StdRng) -> (u32, Option<Vec<f32>>) {
     match next {
         NextDist::Argmax(token) => (token, None),
         NextDist::Probs(q) => (sample(&q, rng) as u32, Some(q)),

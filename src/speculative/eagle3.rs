@@ -13,8 +13,8 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 
-use super::drafter::{Draft, DraftBlock, DraftRequest, Drafter, FixedDraft};
-use super::sampling::{sample, SamplingParams};
+use super::drafter::{draw, row_dist, Draft, DraftBlock, DraftRequest, Drafter, FixedDraft};
+use super::sampling::SamplingParams;
 use super::tree::DraftTree;
 use super::tree_draft::{grow_tree, grows};
 use crate::cache::{ModelCache, Speculation};
@@ -22,6 +22,10 @@ use crate::error::{Error, Result};
 use crate::nn::Eagle3Head;
 
 /// Drafts with an EAGLE-3 head over the target's hidden states.
+///
+/// With a `confidence` threshold, drafting stops before a position where the head's largest
+/// probability is below it (trees: such nodes get no children), as a draft model's does
+/// ([`super::ModelDrafter`]): decided before the draft there is drawn, so lossless.
 pub struct Eagle3Drafter {
     name: String,
     head: Arc<Eagle3Head>,
@@ -34,12 +38,24 @@ pub struct Eagle3Drafter {
     /// The last read pair's output and logits (`[1, hidden]`, `[1, draft_vocab]`), for a
     /// proposal with no new committed pair.
     last: Option<(Tensor, Tensor)>,
+    /// Stop drafting before a position whose largest probability is below this (the first
+    /// draft is always proposed).
+    confidence: Option<f32>,
     forwards: usize,
 }
 
 impl Eagle3Drafter {
-    /// A drafter named `name` over `head`.
+    /// A drafter named `name` over `head`, without a confidence threshold.
     pub fn new(name: impl Into<String>, head: Arc<Eagle3Head>) -> Result<Self> {
+        Self::with_confidence(name, head, None)
+    }
+
+    /// A drafter named `name` over `head` that stops drafting below `confidence`.
+    pub fn with_confidence(
+        name: impl Into<String>,
+        head: Arc<Eagle3Head>,
+        confidence: Option<f32>,
+    ) -> Result<Self> {
         let cache = head.new_cache()?;
         Ok(Self {
             name: name.into(),
@@ -48,6 +64,7 @@ impl Eagle3Drafter {
             held: Vec::new(),
             pending: None,
             last: None,
+            confidence,
             forwards: 0,
         })
     }
@@ -105,8 +122,8 @@ impl Eagle3Drafter {
         Ok(wanted)
     }
 
-    /// A chain of at most `max` drafts; a greedy one stays on the device (handed to the
-    /// engine unread when `queued`).
+    /// A chain of at most `max` drafts; a greedy one without a confidence threshold stays on
+    /// the device (handed to the engine unread when `queued`).
     fn chain<'a>(
         &'a mut self,
         context: &[u32],
@@ -115,7 +132,7 @@ impl Eagle3Drafter {
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
         let (mut out, mut logits) = self.sync(context)?;
-        if sampling.is_greedy() {
+        if sampling.is_greedy() && self.confidence.is_none() {
             let last = queued.then(|| context[context.len() - 1]);
             return self.greedy_chain(out, logits, max, last);
         }
@@ -124,7 +141,14 @@ impl Eagle3Drafter {
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
         let mut spec = self.cache.speculate()?;
         loop {
-            let (token, q) = pick(&self.head, &logits, sampling, rng)?;
+            let row = target_row(&self.head, &logits.squeeze(0)?.to_vec1::<f32>()?)?;
+            let (next, conf) = row_dist(&row, sampling);
+            // Decided on the distribution, never on the token drawn from it (see
+            // `ModelDrafter::propose_chain`).
+            if self.confidence.is_some_and(|t| conf < t) && !tokens.is_empty() {
+                break;
+            }
+            let (token, q) = draw(next, rng);
             tokens.push(token);
             if let (Some(all), Some(q)) = (probs.as_mut(), q) {
                 all.push(q);
@@ -215,7 +239,7 @@ impl Eagle3Drafter {
         let (tree, _) = grow_tree(
             &mut spec,
             root_row,
-            (shape, sampling, None),
+            (shape, sampling, self.confidence),
             rng,
             |spec, parents, tokens| {
                 let features = parents
@@ -248,22 +272,6 @@ impl Eagle3Drafter {
             tree,
         }))
     }
-}
-
-/// The target id drafted from draft-vocabulary `logits` (`[1, draft_vocab]`), with the
-/// target-vocabulary distribution it was drawn from (sampling only).
-fn pick(
-    head: &Eagle3Head,
-    logits: &Tensor,
-    sampling: &SamplingParams,
-    rng: &mut StdRng,
-) -> Result<(u32, Option<Vec<f32>>)> {
-    if sampling.is_greedy() {
-        let best = crate::nn::argmax_rows(logits)?[0];
-        return Ok((head.draft_to_target()[best as usize], None));
-    }
-    let q = sampling.probs(&target_row(head, &logits.squeeze(0)?.to_vec1::<f32>()?)?);
-    Ok((sample(&q, rng) as u32, Some(q)))
 }
 
 /// Draft-vocabulary logits as target-vocabulary logits (`-inf` where the draft vocabulary

@@ -321,11 +321,7 @@ fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
                     problems.push(format!("{key}.{field}: does not apply to kind = \"model\""));
                 }
             }
-            if let Some(c) = d.confidence {
-                if !(c > 0.0 && c < 1.0) {
-                    problems.push(format!("{key}.confidence = {c}: must be in (0, 1)"));
-                }
-            }
+            check_confidence(&key, d.confidence, problems);
         }
         DrafterKind::Eagle3 => {
             if d.path.is_none() {
@@ -334,7 +330,6 @@ fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
                 ));
             }
             for (field, set) in [
-                ("confidence", d.confidence.is_some()),
                 ("min_ngram", d.min_ngram.is_some()),
                 ("max_ngram", d.max_ngram.is_some()),
             ] {
@@ -344,6 +339,7 @@ fn check_drafter(name: &str, d: &DrafterConfig, problems: &mut Vec<String>) {
                     ));
                 }
             }
+            check_confidence(&key, d.confidence, problems);
         }
         DrafterKind::Ngram => {
             for (field, set) in [
@@ -371,6 +367,15 @@ impl DrafterConfig {
             self.min_ngram.unwrap_or(super::DEFAULT_MIN_NGRAM),
             self.max_ngram.unwrap_or(super::DEFAULT_MAX_NGRAM),
         )
+    }
+}
+
+/// A drafting confidence threshold is a probability strictly between 0 and 1.
+fn check_confidence(key: &str, confidence: Option<f32>, problems: &mut Vec<String>) {
+    if let Some(c) = confidence {
+        if !(c > 0.0 && c < 1.0) {
+            problems.push(format!("{key}.confidence = {c}: must be in (0, 1)"));
+        }
     }
 }
 

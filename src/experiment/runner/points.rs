@@ -153,7 +153,11 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                 min_ngram,
                 max_ngram,
             } => Box::new(NgramDrafter::new(name, *min_ngram, *max_ngram)?),
-            DraftSource::Eagle3 { head } => Box::new(Eagle3Drafter::new(name, Arc::clone(head))?),
+            DraftSource::Eagle3 { head, confidence } => Box::new(Eagle3Drafter::with_confidence(
+                name,
+                Arc::clone(head),
+                *confidence,
+            )?),
             DraftSource::Oracle {
                 alpha,
                 cost,

@@ -29,6 +29,8 @@ pub enum DraftSource<M> {
     Eagle3 {
         /// The head.
         head: Arc<crate::nn::Eagle3Head>,
+        /// Stop drafting below this probability.
+        confidence: Option<f32>,
     },
     /// Prompt lookup.
     Ngram {
