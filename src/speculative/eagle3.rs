@@ -160,9 +160,8 @@ impl Eagle3Drafter {
             (out, logits) = self.head.forward(&ids, &out, spec.cache(), true)?;
             self.forwards += 1;
         }
-        Ok(Box::new(Eagle3Draft {
+        Ok(Box::new(Eagle3Chain {
             _spec: spec,
-            tree: DraftTree::default(),
             tokens,
             probs,
         }))
@@ -204,9 +203,8 @@ impl Eagle3Drafter {
                 block: crate::nn::DeviceTokens::from_argmax(block, bound),
             }));
         }
-        Ok(Box::new(Eagle3Draft {
+        Ok(Box::new(Eagle3Chain {
             _spec: spec,
-            tree: DraftTree::default(),
             tokens: block.to_vec1::<u32>()?,
             probs: None,
         }))
@@ -265,12 +263,7 @@ impl Eagle3Drafter {
                     .collect()
             },
         )?;
-        Ok(Box::new(Eagle3Draft {
-            _spec: spec,
-            tokens: Vec::new(),
-            probs: None,
-            tree,
-        }))
+        Ok(Box::new(Eagle3Tree { _spec: spec, tree }))
     }
 }
 
@@ -284,12 +277,18 @@ fn target_row(head: &Eagle3Head, draft_row: &[f32]) -> Result<Vec<f32>> {
     Ok(row)
 }
 
-/// A proposal; its speculation of the head's cache is rolled back whatever is accepted.
-struct Eagle3Draft<'a> {
+/// A chain read back to the host; its speculation of the head's cache is rolled back
+/// whatever is accepted (as every proposal's here).
+struct Eagle3Chain<'a> {
     _spec: Speculation<'a>,
-    /// A chain's drafts (empty for a tree).
     tokens: Vec<u32>,
+    /// `q` of each draft (sampling only).
     probs: Option<Vec<Vec<f32>>>,
+}
+
+/// A tree.
+struct Eagle3Tree<'a> {
+    _spec: Speculation<'a>,
     tree: DraftTree,
 }
 
@@ -308,15 +307,21 @@ impl Draft for QueuedDraft<'_> {
     }
 }
 
-impl Draft for Eagle3Draft<'_> {
+impl Draft for Eagle3Chain<'_> {
     fn block(&self) -> DraftBlock<'_> {
-        if self.tokens.is_empty() && !self.tree.tokens.is_empty() {
-            return DraftBlock::Tree(&self.tree);
-        }
         DraftBlock::Chain {
             tokens: &self.tokens,
             probs: self.probs.as_deref(),
         }
+    }
+    fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Draft for Eagle3Tree<'_> {
+    fn block(&self) -> DraftBlock<'_> {
+        DraftBlock::Tree(&self.tree)
     }
     fn finish(self: Box<Self>, _drafts: &[u32], _path: &[usize]) -> Result<()> {
         Ok(())
