@@ -33,6 +33,13 @@ cut by a time budget; models/eagle3-smollm2/TRAINING.md has the numbers):
         --sim-heldout-prompts 4 --sim-prompts configs/prompts/spec_bench_question.jsonl --sim-limit 8 \
         --baseline-draft '' --out models/eagle3-smollm2
 
+Generation can be split over several runs, each within a time limit (a GPU machine's call, say): --data-out
+saves a run's generated set (ids, recorded states, masks; about 4.6 kB a token for SmolLM2 in float16), and a
+later run trains on the sets named by --data-in beside its own generations (same target, --layers, --seq-len;
+each run its own --seed, or its sampled prompts and continuations repeat). The target's states are recorded
+through hooks on the fused layers and the final norm (not output_hidden_states, which keeps every layer's
+states of every generation step), so --gen-batch is limited by the KV cache, not by those states.
+
 With --chat-template each prompt is one whole user turn through the chat template (generation batches of
 prompts of similar length, left-padded with the attention mask, rows stored left-aligned); the
 simulation's --sim-prompts go through the template too (Spec-Bench's first turn). The target's logits in
@@ -482,6 +489,41 @@ class AllEos(StoppingCriteria):
         return done.all().expand(input_ids.shape[0])
 
 
+class StateCapture:
+    """While active, records for every forward of `target` the residual stream entering each
+    decoder layer k of `layers` (what transformers' output_hidden_states gives as
+    hidden_states[k]) and the final norm's output, through hooks: output_hidden_states would
+    keep every layer's states of every generation step (31 layers of SmolLM2 where 3 are
+    fused), which caps the generation batch by memory. `feats` / `fin` hold one
+    [N, n, len(layers) * H] / [N, n, H] tensor per forward, in `dtype`."""
+
+    def __init__(self, target, layers, dtype):
+        base = target.get_base_model() if hasattr(target, "get_base_model") else target.model
+        self.blocks, self.norm, self.layers, self.dtype = base.layers, base.norm, layers, dtype
+        self.feats, self.fin, self._cur, self._hooks = [], [], {}, []
+
+    def _pre(self, k):
+        def hook(_module, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            self._cur[k] = h.to(self.dtype)
+        return hook
+
+    def _post(self, _module, _args, out):
+        self.feats.append(torch.cat([self._cur.pop(k) for k in self.layers], -1))
+        self.fin.append(out.to(self.dtype))
+
+    def __enter__(self):
+        for k in self.layers:
+            self._hooks.append(self.blocks[k].register_forward_pre_hook(self._pre(k), with_kwargs=True))
+        self._hooks.append(self.norm.register_forward_hook(self._post))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
 @torch.no_grad()
 def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, cdt, eos_id):
     """prompts: token lists of one batch (any lengths; left-padded for the batched generation, with
@@ -501,15 +543,14 @@ def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, 
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
     rec = ArgmaxRecorder()
     stop = StoppingCriteriaList([AllEos(eos_id, P)]) if eos_id is not None else None
-    o = target.generate(ids, attention_mask=am, max_new_tokens=gen_len + 1,
-                        generation_config=no_eos_config(target), return_dict_in_generate=True,
-                        output_hidden_states=True, logits_processor=LogitsProcessorList([rec]),
-                        stopping_criteria=stop, **kw)
-    hs = o.hidden_states
-    feats = torch.cat([torch.cat([st[k] for k in layers], -1) for st in hs], 1)  # [N, P + steps - 1, .]
-    fin = torch.cat([st[-1] for st in hs], 1)
+    with StateCapture(target, layers, cdt) as cap:
+        seq = target.generate(ids, attention_mask=am, max_new_tokens=gen_len + 1,
+                              generation_config=no_eos_config(target),
+                              logits_processor=LogitsProcessorList([rec]), stopping_criteria=stop, **kw)
+    feats = torch.cat(cap.feats, 1)  # [N, P + steps - 1, .]: the prefill, then one position a step
+    fin = torch.cat(cap.fin, 1)
+    del cap
     am_ = torch.stack(rec.out, 1)  # [N, steps]: argmax at padded positions P-1 ..
-    seq = o.sequences
     N = seq.shape[0]
     n_proc = feats.shape[1]  # positions processed by the target
     out_ids = torch.zeros(N, total_len, dtype=torch.long)
@@ -942,6 +983,11 @@ def main():
                     help="with --chat-template: add up to N user requests written by the target itself (Magpie)")
     ap.add_argument("--self-prompt-tokens", type=int, default=96, help="longest self-written request, in tokens")
     ap.add_argument("--self-prompt-seconds", type=float, default=120.0, help="time budget of the self-written requests")
+    ap.add_argument("--data-out", default=None,
+                    help="save the generated training set (token ids, recorded states, masks) to this file")
+    ap.add_argument("--data-in", default=None,
+                    help="comma-separated files of earlier --data-out runs to train on beside this run's generations "
+                         "(same target, --layers and --seq-len; give each run its own --seed, or its prompts repeat)")
     ap.add_argument("--sample-frac", type=float, default=0.25,
                     help="share of sequences generated with T=1 sampling (the rest greedy)")
     ap.add_argument("--gen-batch", type=int, default=256)
@@ -1149,6 +1195,23 @@ def main():
     train = build_set(target, streams, args.num_seqs, args, rng, device, eos_id, layers, cdt, prompts=train_prompts,
                       max_seconds=args.gen_seconds)
     t_gen = time.time() - t0
+    # each sequence's prompt category (kept with a saved set, whose prompt lists are not)
+    train["cats"] = [str(categories[k]) for k in train["prompt_idx"]] if chat and any(categories) \
+        else ["-"] * train["ids"].shape[0]
+    del train["prompt_idx"]
+    if args.data_out:
+        torch.save({"set": train, "layers": layers, "seq_len": args.seq_len, "target": args.target,
+                    "command": command_args(), "seconds": t_gen}, args.data_out)
+        log(f"saved the generated set to {args.data_out}")
+    loaded = []  # (path, sequences, command) of each --data-in file
+    for path in filter(None, (args.data_in or "").split(",")):
+        d = torch.load(path, weights_only=False)
+        assert d["layers"] == layers and d["seq_len"] == args.seq_len, \
+            f"{path}: layers {d['layers']} / seq-len {d['seq_len']}, this run {layers} / {args.seq_len}"
+        for k, v in d["set"].items():
+            train[k] = train[k] + v if isinstance(v, list) else torch.cat([train[k], v])
+        loaded.append((path, d["set"]["ids"].shape[0], " ".join(d["command"])))
+        log(f"loaded {d['set']['ids'].shape[0]} sequences from {path}")
     mx = max(train["feats"].float().abs().max().item(), train["fin"].float().abs().max().item())
     assert math.isfinite(mx), "features overflow the cache dtype: use --cache-dtype bfloat16 or float32"
     held = build_set(target, held_streams, args.heldout_seqs, args, random.Random(args.seed + 1), device, eos_id,
@@ -1321,8 +1384,9 @@ def main():
            "n_train_files": len(train_files), "n_held_files": len(held_files), "chat": chat,
            "n_train_prompts": len(train_prompts) if chat else 0, "n_held_prompts": len(held_chat),
            "prompt_tokens": [min(pl), max(pl), sum(pl) / len(pl)] if chat else None,
-           "train_categories": dict(sorted(collections.Counter(str(categories[k]) for k in train["prompt_idx"]).items()))
+           "train_categories": dict(sorted(collections.Counter(train["cats"]).items()))
            if chat and any(categories) else None,
+           "loaded": loaded,
            "self_prompts": self_info, "command": command_args(),
            "held_seqs": held["ids"].shape[0] if held is not None else 0}
     if args.metrics_json:
@@ -1391,6 +1455,10 @@ def write_report(args, r):
     w("## Data")
     w("")
     a = r["args"]
+    for path, n, cmd in r.get("loaded") or []:
+        w(f"Beside this run's generations, {n} sequences generated by an earlier run of this script")
+        w(f"(`--data-in {path}`; that run: `python3 scripts/train_eagle3.py {cmd}`); the counts below include them.")
+        w("")
     if r["chat"]:
         pt = r["prompt_tokens"]
         gen_py = os.path.join(os.path.dirname(a["prompts_jsonl"]), "make_prompts.py")
