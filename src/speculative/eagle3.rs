@@ -13,7 +13,9 @@ use std::sync::Arc;
 use candle_core::Tensor;
 use rand::rngs::StdRng;
 
-use super::drafter::{draw, row_dist, Draft, DraftBlock, DraftRequest, Drafter, FixedDraft};
+use super::drafter::{
+    draw, row_dist, Draft, DraftBlock, DraftRequest, Drafter, FixedDraft, NextDist,
+};
 use super::sampling::SamplingParams;
 use super::tree::DraftTree;
 use super::tree_draft::{grow_tree, grows};
@@ -141,8 +143,20 @@ impl Eagle3Drafter {
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
         let mut spec = self.cache.speculate()?;
         loop {
-            let row = target_row(&self.head, &logits.squeeze(0)?.to_vec1::<f32>()?)?;
-            let (next, conf) = row_dist(&row, sampling);
+            let row = logits.squeeze(0)?.to_vec1::<f32>()?;
+            let (next, conf) = if sampling.is_greedy() {
+                // The argmax and its probability over the draft vocabulary (the target's ids
+                // it lacks have probability 0), mapped to a target id.
+                match row_dist(&row, sampling) {
+                    (NextDist::Argmax(d), conf) => (
+                        NextDist::Argmax(self.head.draft_to_target()[d as usize]),
+                        conf,
+                    ),
+                    other => other,
+                }
+            } else {
+                row_dist(&target_row(&self.head, &row)?, sampling)
+            };
             // Decided on the distribution, never on the token drawn from it (see
             // `ModelDrafter::propose_chain`).
             if self.confidence.is_some_and(|t| conf < t) && !tokens.is_empty() {
