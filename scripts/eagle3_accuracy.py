@@ -10,12 +10,10 @@ after a rejection begins. Reads heads in the layout scripts/train_eagle3.py writ
         --prompts configs/prompts/spec_bench_question.jsonl --limit 8 --new-tokens 128
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,15 +36,8 @@ def main():
         src, kw = args.target, {}
     target = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw).eval()
     tok = AutoTokenizer.from_pretrained(src, **kw)
-    hc = json.load(open(os.path.join(args.head, "config.json")))
-    cfg = {k: hc[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                              "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "draft_vocab_size",
-                              "eagle_aux_hidden_state_layer_ids")}
-    cfg["target_hidden_size"] = hc.get("target_hidden_size", hc["hidden_size"])
-    head = T.Eagle3Head(cfg)
-    head.load_state_dict(load_file(os.path.join(args.head, "model.safetensors")), strict=True)
-    head = head.float().eval()
-    layers = hc["eagle_aux_hidden_state_layer_ids"]
+    head = T.load_saved_head(args.head)
+    layers = head.c["eagle_aux_hidden_state_layer_ids"]
     embed = T.target_parts(target)[0]
     n = {"all": [0, 0], "after a wrong position": [0, 0], "after a right position": [0, 0]}  # [right, total]
     for _, text in T.load_sim_prompts(args.prompts, args.limit):

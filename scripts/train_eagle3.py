@@ -290,6 +290,19 @@ def ttt_forward(head, embed, feats, tokens, steps, anchors):
     return out_logits
 
 
+def load_saved_head(out_dir):
+    """A head this script saved (config.json and model.safetensors of `out_dir`), in float32, eval mode."""
+    with open(os.path.join(out_dir, "config.json")) as fh:
+        hc = json.load(fh)
+    cfg = {k: hc[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                              "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "draft_vocab_size",
+                              "eagle_aux_hidden_state_layer_ids")}
+    cfg["target_hidden_size"] = hc.get("target_hidden_size", hc["hidden_size"])
+    head = Eagle3Head(cfg)
+    head.load_state_dict(load_file(os.path.join(out_dir, "model.safetensors")), strict=True)
+    return head.float().eval()
+
+
 # Incremental inference (what the Rust drafter does), used by the simulation and the self-test.
 
 class HeadCache:
@@ -1165,17 +1178,9 @@ def main():
         held_sim = heldout_sim_prompts(held_files, args.sim_heldout_prompts, tok) if held_files else []
 
     if args.eval_only:  # re-measure a saved head: self-test and acceptance simulation only
-        with open(os.path.join(args.out, "config.json")) as fh:
-            hc = json.load(fh)
-        assert hc["eagle_aux_hidden_state_layer_ids"] == layers or args.layers is None
-        layers = hc["eagle_aux_hidden_state_layer_ids"]
-        cfg = {k: hc[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                                  "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "draft_vocab_size",
-                                  "eagle_aux_hidden_state_layer_ids")}
-        cfg["target_hidden_size"] = hc.get("target_hidden_size", hc["hidden_size"])
-        head = Eagle3Head(cfg)
-        head.load_state_dict(load_file(os.path.join(args.out, "model.safetensors")), strict=True)
-        head = head.to(device).float().eval()
+        head = load_saved_head(args.out).to(device)
+        assert head.c["eagle_aux_hidden_state_layer_ids"] == layers or args.layers is None
+        layers = head.c["eagle_aux_hidden_state_layer_ids"]
         log(f"eval-only: {args.out} ({sum(p.numel() for p in head.parameters())} parameters)")
         if held_sim:
             pid, p = held_sim[0]
@@ -1361,10 +1366,7 @@ def main():
         fh.write("\n")
     log(f"wrote {args.out}/model.safetensors and config.json")
 
-    head2 = Eagle3Head(cfg)
-    head2.load_state_dict(load_file(os.path.join(args.out, "model.safetensors")), strict=True)
-    head2 = head2.to(device).float().eval()
-    head = head2
+    head = load_saved_head(args.out).to(device)  # what was saved, config included
 
     # --- self-test: the incremental (inference) path reproduces the TTT forward
     st_diff = self_test(head, embed, held["ids"][0].to(device), held["feats"][0].to(device)) \

@@ -307,15 +307,18 @@ fn next_dist(
 /// [`next_dist`] of one host row of logits, the confidence always computed.
 pub(super) fn row_dist(row: &[f32], sampling: &SamplingParams) -> (NextDist, f32) {
     if sampling.is_greedy() {
-        let token = argmax(row);
-        return (
-            NextDist::Argmax(token as u32),
-            greedy_confidence(row, token),
-        );
+        let (token, conf) = greedy_choice(row);
+        return (NextDist::Argmax(token), conf);
     }
     let q = sampling.probs(row);
     let conf = largest(&q);
     (NextDist::Probs(q), conf)
+}
+
+/// The argmax of logits `row` and its softmax (T = 1) probability.
+pub(super) fn greedy_choice(row: &[f32]) -> (u32, f32) {
+    let token = argmax(row);
+    (token as u32, greedy_confidence(row, token))
 }
 
 /// The softmax (T = 1) probability of the argmax `token` of logits `row`.

@@ -14,7 +14,7 @@ use candle_core::Tensor;
 use rand::rngs::StdRng;
 
 use super::drafter::{
-    draw, row_dist, Draft, DraftBlock, DraftRequest, Drafter, FixedDraft, NextDist,
+    draw, greedy_choice, row_dist, Draft, DraftBlock, DraftRequest, Drafter, FixedDraft, NextDist,
 };
 use super::sampling::SamplingParams;
 use super::tree::DraftTree;
@@ -147,13 +147,9 @@ impl Eagle3Drafter {
             let (next, conf) = if sampling.is_greedy() {
                 // The argmax and its probability over the draft vocabulary (the target's ids
                 // it lacks have probability 0), mapped to a target id.
-                match row_dist(&row, sampling) {
-                    (NextDist::Argmax(d), conf) => (
-                        NextDist::Argmax(self.head.draft_to_target()[d as usize]),
-                        conf,
-                    ),
-                    other => other,
-                }
+                let (d, conf) = greedy_choice(&row);
+                let token = self.head.draft_to_target()[d as usize];
+                (NextDist::Argmax(token), conf)
             } else {
                 row_dist(&target_row(&self.head, &row)?, sampling)
             };
