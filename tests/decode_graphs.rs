@@ -10,8 +10,11 @@
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
 //! shipped draft (full attention), the shipped target (sliding-window layers: rings attended
 //! in place, wrapped many times; slack strategy, and staged, whose steps inside a speculation
-//! take the ordinary path) and a random Gemma 3 of head width 32 (five ring layers and a
-//! full-attention one in each step; both strategies). On the CPU both
+//! take the ordinary path), a random Gemma 3 of head width 32 (five ring layers and a
+//! full-attention one in each step; both strategies) and the Qwen3 fixture (q/k norms, which
+//! recorded steps apply inside the split attention). The run without graphs also runs the
+//! products unfolded (`gemv_fold` off: in half precision the recorded run's norms,
+//! activations and adds ride in the GEMVs, Gemma's sandwich norms included). On the CPU both
 //! runs take the ordinary path; the GPU pass runs the comparison for real. Then a short
 //! prompt's greedy steps on a fresh cache and on a reused one, bit for bit.
 //!
@@ -27,13 +30,30 @@ use common::host::rel_err;
 use specdec::cache::RotatingStrategy;
 use specdec::nn::{DeviceTokens, StepIds};
 
-/// Turns graph replay of short CUDA steps on or off (the engine option `cuda_graphs`).
+/// Turns graph replay of short CUDA steps on or off (the engine option `cuda_graphs`), and
+/// with it the folded products (`gemv_fold`: norms, activations and residual adds inside the
+/// GEMVs in half precision): the run without graphs is the plain path throughout.
 fn set_cuda_graphs(on: bool) {
     let options = specdec::engine::EngineOptions {
         cuda_graphs: on,
+        gemv_fold: on,
         ..specdec::engine::get()
     };
     specdec::engine::set(options).expect("engine options");
+}
+
+/// The `tests/fixtures/hf/<name>` checkpoint copied to `dir` with `max_position_embeddings`
+/// raised to `positions` (the fixtures stop at 256; this test runs past 500).
+fn fixture_with_positions(name: &str, dir: &std::path::Path, positions: usize) {
+    let src = common::checkpoint::repo_path(&format!("tests/fixtures/hf/{name}"));
+    for entry in std::fs::read_dir(&src).expect("fixture dir") {
+        let path = entry.expect("fixture entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().expect("file name"))).expect("copy");
+    }
+    let text = std::fs::read_to_string(dir.join("config.json")).expect("fixture config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
+    config["max_position_embeddings"] = positions.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config.json");
 }
 
 /// Kernels of a recorded step allowed without a programmatic edge into them (candle's own
@@ -53,6 +73,10 @@ fn graph_steps_equal_ordinary_steps() {
     specdec::nn::count_graph_censuses(true);
     let gemma = tempfile::tempdir().expect("temp dir");
     random_gemma3(gemma.path(), 32, 16, 1024);
+    // Qwen3: q/k norms (applied inside the split attention in recorded steps) in a pre-norm
+    // model.
+    let qwen3 = tempfile::tempdir().expect("temp dir");
+    fixture_with_positions("qwen3", qwen3.path(), 1024);
     // The rings under both strategies: the staged strategy's one-token steps outside a
     // speculation are recorded too (inside one its K/V go beside the ring: ordinary path).
     let (slack, staged) = (
@@ -65,10 +89,12 @@ fn graph_steps_equal_ordinary_steps() {
         ("target", staged),
         ("gemma3", slack),
         ("gemma3", staged),
+        ("qwen3", slack),
     ];
     for (name, strategy) in cases {
         let model = match name {
             "gemma3" => load(gemma.path()),
+            "qwen3" => load(qwen3.path()),
             _ => shipped(name),
         };
         let label = format!("{name}, {strategy:?}");
@@ -178,7 +204,8 @@ fn graph_steps_equal_ordinary_steps() {
         // ordinary path, which would pass unseen.
         let options = specdec::engine::get();
         let rings_graphed = options.fused_rope && options.ring_in_place;
-        if model.device().is_cuda() && (name == "draft" || rings_graphed) {
+        let full_attention = name == "draft" || name == "qwen3";
+        if model.device().is_cuda() && (full_attention || rings_graphed) {
             assert!(
                 model.graph_recordings() > 0,
                 "{label}: no CUDA graph was recorded (see the recording warning above)"

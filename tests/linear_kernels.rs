@@ -11,7 +11,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::device;
 use common::host::{host, values};
-use specdec::nn::Linear;
+use specdec::nn::{Activation, Linear};
 
 /// Whether a GEMV kernel takes every row count of this product on the test device (CUDA,
 /// `fused::gemv`'s shape conditions).
@@ -82,15 +82,26 @@ fn few_row_products_match_the_dot_products_and_each_row_alone() {
     }
 }
 
-/// A gated MLP `[hidden] -> [inter] -> [hidden]` of values from `seed` on `dev` in `dtype`,
-/// and its fused gate/up and down weights on the host.
+/// A SiLU-gated MLP `[hidden] -> [inter] -> [hidden]` of values from `seed` on `dev` in
+/// `dtype`, and its fused gate/up and down weights on the host.
 fn gated_mlp(
     dev: &Device,
     dtype: DType,
     (hidden, inter): (usize, usize),
     seed: u64,
 ) -> (specdec::nn::GatedMlp, Vec<f32>, Vec<f32>) {
-    use specdec::nn::{Activation, GatedMlp};
+    gated_mlp_with(dev, dtype, (hidden, inter), seed, Activation::Silu)
+}
+
+/// [`gated_mlp`] with the gate's activation `act`.
+fn gated_mlp_with(
+    dev: &Device,
+    dtype: DType,
+    (hidden, inter): (usize, usize),
+    seed: u64,
+    act: Activation,
+) -> (specdec::nn::GatedMlp, Vec<f32>, Vec<f32>) {
+    use specdec::nn::GatedMlp;
     let tensor = |n: usize, seed: u64, shape: (usize, usize)| {
         Tensor::from_vec(values(n, seed, 1.0), shape, dev)
             .unwrap()
@@ -100,17 +111,17 @@ fn gated_mlp(
     let gate_up = tensor(2 * inter * hidden, seed, (2 * inter, hidden));
     let down = tensor(hidden * inter, seed + 1, (hidden, inter));
     let (guh, dh) = (host(&gate_up), host(&down));
-    let mlp = GatedMlp::new(
-        Linear::new(gate_up, None),
-        Linear::new(down, None),
-        Activation::Silu,
-    )
-    .unwrap();
+    let mlp = GatedMlp::new(Linear::new(gate_up, None), Linear::new(down, None), act).unwrap();
     (mlp, guh, dh)
 }
 
 /// `down(silu(gate x) * (up x))` in f64 from the host weights of [`gated_mlp`].
 fn mlp_formula(guh: &[f32], dh: &[f32], x: &[f64]) -> Vec<f64> {
+    mlp_formula_with(guh, dh, x, Activation::Silu)
+}
+
+/// `down(act(gate x) * (up x))` in f64 (GELU-tanh or SiLU).
+fn mlp_formula_with(guh: &[f32], dh: &[f32], x: &[f64], act: Activation) -> Vec<f64> {
     let dot = |w: &[f32], o: usize, v: &[f64]| -> f64 {
         v.iter()
             .enumerate()
@@ -121,7 +132,13 @@ fn mlp_formula(guh: &[f32], dh: &[f32], x: &[f64]) -> Vec<f64> {
     let act: Vec<f64> = (0..inter)
         .map(|i| {
             let (g, u) = (dot(guh, i, x), dot(guh, inter + i, x));
-            g / (1.0 + (-g).exp()) * u
+            let a = match act {
+                Activation::GeluTanh => {
+                    0.5 * g * (1.0 + (0.7978845608 * (g + 0.044715 * g * g * g)).tanh())
+                }
+                _ => g / (1.0 + (-g).exp()),
+            };
+            a * u
         })
         .collect();
     (0..dh.len() / inter).map(|o| dot(dh, o, &act)).collect()
@@ -243,7 +260,7 @@ fn folded_products_match_the_formulas_and_each_row_alone() {
             let folded = dev.is_cuda() && dtype != DType::F32;
             let fold = specdec::nn::Folded::Norm(norm.weight(), norm.eps());
             assert_eq!(
-                specdec::nn::folded_gemv(&x, &w, fold, false)
+                specdec::nn::folded_gemv(&x, &w, fold, None)
                     .unwrap()
                     .is_some(),
                 folded,
@@ -338,6 +355,95 @@ fn folded_mlp_rows_match_the_formula_and_each_row_alone() {
                         y[r * hidden..(r + 1) * hidden] == singles[r][..],
                         "{dtype:?}: folded MLP row {r} of {rows} rows differs from its one-row forward"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// A sandwich block's folded parts (Gemma 3): the gated MLP of the normed stream
+/// (`GatedMlp::forward_prenorm`: on CUDA in half precision the norm and the activation, SiLU
+/// or GELU-tanh, ride in the gate/up GEMV) and a post-norm with the residual add after it
+/// (`RmsNorm::add_normed`: one kernel on CUDA), against the formulas in f64 and, on CUDA,
+/// each row equal to the one-row result bitwise.
+#[test]
+fn sandwich_parts_match_the_formulas_and_each_row_alone() {
+    let dev = device::device();
+    let (hidden, inter) = (128, 96);
+    for act in [Activation::GeluTanh, Activation::Silu] {
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2), (DType::F16, 6e-3)] {
+            let (mlp, guh, dh) = gated_mlp_with(&dev, dtype, (hidden, inter), 41, act);
+            let (x, norm) = stream_and_norm(&dev, dtype, hidden);
+            let y = Tensor::from_vec(values(16 * hidden, 42, 3.0), (16, hidden), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let (xh, yh, gh) = (host(&x), host(&y), host(norm.weight()));
+            let half_cuda = dev.is_cuda() && dtype != DType::F32;
+            if half_cuda {
+                // The folded kernel is taken, not the fallback through a norm.
+                let w = Tensor::from_vec(
+                    values(2 * inter * hidden, 41, 1.0),
+                    (2 * inter, hidden),
+                    &dev,
+                )
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+                let gate = match act {
+                    Activation::GeluTanh => specdec::nn::Gate::Gelu,
+                    _ => specdec::nn::Gate::Silu,
+                };
+                let fold = specdec::nn::Folded::Norm(norm.weight(), norm.eps());
+                let taken = specdec::nn::folded_gemv(&x, &w, fold, Some(gate)).unwrap();
+                assert!(
+                    taken.is_some(),
+                    "{act:?} {dtype:?}: the folded gated kernel was not taken"
+                );
+            }
+            let one = |r: usize| {
+                let xr = x.narrow(0, r, 1).unwrap();
+                let m = host(&mlp.forward_prenorm(&xr, &norm).unwrap());
+                let a = host(&norm.add_normed(&xr, &y.narrow(0, r, 1).unwrap()).unwrap());
+                (m, a)
+            };
+            let singles: Vec<_> = (0..16).map(one).collect();
+            for rows in [1, 3, 8, 16] {
+                let xs = x.narrow(0, 0, rows).unwrap();
+                let m = host(&mlp.forward_prenorm(&xs, &norm).unwrap());
+                let a = host(
+                    &norm
+                        .add_normed(&xs, &y.narrow(0, 0, rows).unwrap())
+                        .unwrap(),
+                );
+                for r in 0..rows {
+                    let want = mlp_formula_with(&guh, &dh, &normed_row(&xh, &gh, r, 1e-5), act);
+                    let scale = want.iter().fold(1f64, |m, w| m.max(w.abs()));
+                    for (o, w) in want.iter().enumerate() {
+                        let got = m[r * hidden + o] as f64;
+                        assert!(
+                            (got - w).abs() <= tol * scale,
+                            "{act:?} {dtype:?} rows {rows}: MLP row {r} output {o} is {got}, expected {w}"
+                        );
+                    }
+                    let ny = normed_row(&yh, &gh, r, 1e-5);
+                    for o in 0..hidden {
+                        let w = xh[r * hidden + o] as f64 + ny[o];
+                        let got = a[r * hidden + o] as f64;
+                        // The stream is up to 4, the normed rows about 1.
+                        assert!(
+                            (got - w).abs() <= tol * 8.0,
+                            "{dtype:?} rows {rows}: post-norm add row {r} output {o} is {got}, expected {w}"
+                        );
+                    }
+                    if dev.is_cuda() {
+                        let (m1, a1) = &singles[r];
+                        assert!(
+                            m[r * hidden..(r + 1) * hidden] == m1[..]
+                                && a[r * hidden..(r + 1) * hidden] == a1[..],
+                            "{act:?} {dtype:?}: row {r} of {rows} rows differs from its one-row result"
+                        );
+                    }
                 }
             }
         }

@@ -79,6 +79,10 @@ pub struct EngineOptions {
     /// A GELU-tanh gated MLP (Gemma) applies its activation and the product with the up half
     /// in one CUDA kernel after the gate/up product (default on; off: candle's two ops).
     pub gelu_gate: bool,
+    /// A recorded step's split attention with RoPE fused also applies the per-head q/k
+    /// RMSNorms (Qwen3, Gemma 3) before RoPE (default on; off: two norm kernels and copies
+    /// before it).
+    pub qk_norm_fold: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -103,6 +107,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     attn_wide_min_len: 0,
     ring_in_place: true,
     gelu_gate: true,
+    qk_norm_fold: true,
 };
 
 impl Default for EngineOptions {

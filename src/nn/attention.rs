@@ -65,11 +65,15 @@ pub(crate) enum AttnInput<'a> {
     /// output is `x + attention`, both folded into the products where the device can
     /// ([`Linear::forward_prenorm`], [`Linear::forward_add`]).
     Residual(&'a Tensor, &'a RmsNorm),
+    /// The residual stream `x` before `norm`, folded into the q/k/v product as with
+    /// `Residual`, but the output is the attention's alone (a sandwich block's post-norm
+    /// comes between it and the add).
+    PreNormed(&'a Tensor, &'a RmsNorm),
 }
 
 impl AttnInput<'_> {
     fn rows(&self) -> Result<usize> {
-        let (AttnInput::Normed(x) | AttnInput::Residual(x, _)) = self;
+        let (AttnInput::Normed(x) | AttnInput::Residual(x, _) | AttnInput::PreNormed(x, _)) = self;
         Ok(x.dim(0)?)
     }
 }
@@ -126,7 +130,7 @@ impl Attention {
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
         let t = input.rows()?;
-        let (q, k, v) = self.project(input)?;
+        let (q, k, v) = self.project(input, true)?;
         // [t, heads, d] -> [1, heads, t, d]
         let heads_first =
             |x: Tensor| -> Result<Tensor> { Ok(x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?) };
@@ -151,7 +155,7 @@ impl Attention {
     /// input was one.
     fn output(&self, out: &Tensor, input: AttnInput) -> Result<Tensor> {
         let out = match input {
-            AttnInput::Normed(_) => self.o.forward(out)?,
+            AttnInput::Normed(_) | AttnInput::PreNormed(..) => self.o.forward(out)?,
             AttnInput::Residual(x, _) => self.o.forward_add(out, x)?,
         };
         profile::mark("output projection", &out)?;
@@ -159,8 +163,9 @@ impl Attention {
     }
 
     /// `input: [t, hidden]` -> `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (views of one
-    /// fused product; q/k norms applied when the model has them).
-    fn project(&self, input: AttnInput) -> Result<(Tensor, Tensor, Tensor)> {
+    /// fused product; q/k norms applied when the model has them and `qk_norm`, else left to
+    /// the caller).
+    fn project(&self, input: AttnInput, qk_norm: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let HeadShape {
             num_heads: h,
             num_kv_heads: kv,
@@ -169,7 +174,9 @@ impl Attention {
         let t = input.rows()?;
         let qkv = match input {
             AttnInput::Normed(x) => self.qkv.forward(x)?,
-            AttnInput::Residual(x, norm) => self.qkv.forward_prenorm(x, norm)?,
+            AttnInput::Residual(x, norm) | AttnInput::PreNormed(x, norm) => {
+                self.qkv.forward_prenorm(x, norm)?
+            }
         };
         profile::mark("qkv projection", &qkv)?;
         // Views with rows `(h + 2 kv) d` apart, never copies: a reshape of a narrowed block
@@ -180,8 +187,8 @@ impl Attention {
         let k = qkv.narrow(1, h, kv)?;
         let v = qkv.narrow(1, h + kv, kv)?;
         Ok(match &self.qk_norm {
-            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?, v),
-            None => (q, k, v),
+            Some((qn, kn)) if qk_norm => (qn.forward(&q)?, kn.forward(&k)?, v),
+            _ => (q, k, v),
         })
     }
 
@@ -199,8 +206,8 @@ impl Attention {
     /// weight of the MLP
     /// after this attention, whose first rows RoPE's kernel prefetches into the L2 (the
     /// engine option `l2_prefetch_mb`). With the engine option `fused_rope` the split
-    /// attention kernel rotates q and stores the step's K/V itself; off, RoPE's own kernel
-    /// does it first.
+    /// attention kernel rotates q and stores the step's K/V itself (and with `qk_norm_fold`
+    /// applies the q/k norms first); off, RoPE's own kernel does it first.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
@@ -210,24 +217,37 @@ impl Attention {
         ring: Option<(usize, usize)>,
         prefetch: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (q, k, v) = self.project(input)?;
+        // The split kernel takes the q/k norms where it fuses RoPE.
+        let fused = super::cuda::fused_rope();
+        let fold_norms = fused && crate::engine::get().qk_norm_fold;
+        let (q, k, v) = self.project(input, !fold_norms)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self
             .rope
             .table(ring.map_or(capacity, |(_, positions)| positions))?;
-        if ring.is_some() && !super::cuda::fused_rope() {
+        if ring.is_some() && !fused {
             return Err(crate::error::Error::invalid(
                 "a ring's in-place step needs the fused RoPE (engine option fused_rope)",
             ));
         }
-        let (q, rope) = if super::cuda::fused_rope() {
+        let (q, rope) = if fused {
             // The attention kernel rotates q and stores the step's K/V itself.
+            let qk_norm = match &self.qk_norm {
+                Some((qn, kn)) if fold_norms => Some(super::cuda::QkNorm {
+                    q: qn.weight().clone(),
+                    k: kn.weight().clone(),
+                    q_eps: qn.eps(),
+                    k_eps: kn.eps(),
+                }),
+                _ => None,
+            };
             let rope = super::cuda::AttnRope {
                 cos,
                 sin,
                 k,
                 v,
                 prefetch: prefetch.cloned(),
+                qk_norm,
             };
             (q.transpose(0, 1)?.unsqueeze(0)?, Some(rope)) // [1, heads, t, d], strided
         } else {

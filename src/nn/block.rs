@@ -41,7 +41,9 @@ impl Block {
     /// Decode and verification steps on CUDA in half precision ([`fused::folds`]) hand the
     /// residual stream itself to the products, which fold in the norms before them and the
     /// residual adds after them (no norm or add kernel between them); a pre-norm block then
-    /// returns the stream. Everything else normalises first and returns the stream and the
+    /// returns the stream. A sandwich block (Gemma 3) folds its pre-norms (and its gate's
+    /// activation) into the products the same way, and runs each post-norm with the add after
+    /// it as one kernel. Everything else normalises first and returns the stream and the
     /// MLP's output un-added, for the next norm to add in the same kernel.
     pub(super) fn forward_with(
         &self,
@@ -49,11 +51,24 @@ impl Block {
         attend: impl FnOnce(&Attention, AttnInput) -> Result<Tensor>,
     ) -> Result<Input> {
         let pre_norm = self.attn_post_norm.is_none() && self.mlp_post_norm.is_none();
-        if pre_norm && fused::folds(input.stream()) {
+        let sandwich = self
+            .attn_post_norm
+            .as_ref()
+            .zip(self.mlp_post_norm.as_ref());
+        if (pre_norm || sandwich.is_some()) && fused::folds(input.stream()) {
             let x = match input {
                 Input::Embedded(x) | Input::Stream(x) => x,
                 Input::Residual((x, h)) => (x + h)?,
             };
+            if let Some((attn_post, mlp_post)) = sandwich {
+                let h = attend(&self.attn, AttnInput::PreNormed(&x, &self.attn_norm))?;
+                let x = attn_post.add_normed(&x, &h)?;
+                profile::mark("norms, residual adds", &x)?;
+                let h = self.mlp.forward_prenorm(&x, &self.mlp_norm)?;
+                let x = mlp_post.add_normed(&x, &h)?;
+                profile::mark("norms, residual adds", &x)?;
+                return Ok(Input::Stream(x));
+            }
             let x = attend(&self.attn, AttnInput::Residual(&x, &self.attn_norm))?;
             let x = self.mlp.forward_residual(&x, &self.mlp_norm)?;
             return Ok(Input::Stream(x));

@@ -133,7 +133,7 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if super::cuda::gemv_applies(x, w) {
         return Ok(Some(made(
             x.contiguous()?
-                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: false })?,
+                .apply_op2_no_bwd(w, &super::cuda::Gemv { gate: None })?,
         )));
     }
     let _ = (x, w);
@@ -157,6 +157,15 @@ pub fn folds(x: &Tensor) -> bool {
     }
 }
 
+/// The activation of a gated MLP's gate inside its gate/up product (see [`folded_gemv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// `silu(g) * u`.
+    Silu,
+    /// `gelu(g) * u`, GELU with the tanh approximation (Gemma's MLP).
+    Gelu,
+}
+
 /// What a decode or verification product takes in with it (see [`folded_gemv`]).
 #[derive(Clone, Copy)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -169,8 +178,9 @@ pub enum Folded<'a> {
 }
 
 /// `norm(x) wᵀ` ([`Folded::Norm`]) or `resid + x wᵀ` ([`Folded::Resid`]) for a few rows `x:
-/// [rows, in]` in one CUDA tensor-core GEMV (bf16 / f16), with `silu_gate` the gated MLP's
-/// fused gate/up product of [`silu_gate_gemv`] (norm only): no norm or add kernel runs
+/// [rows, in]` in one CUDA tensor-core GEMV (bf16 / f16), with a `gate` the gated MLP's
+/// fused gate/up product `act(x gᵀ) * (x uᵀ)` of [`silu_gate_gemv`] (norm only; GELU under
+/// the engine option `gelu_gate`): no norm or add kernel runs
 /// between a step's products. The norm's row scale `rsqrt(mean(x²) + eps)` multiplies the
 /// sums instead of the inputs, so the result is the unfused path's up to one rounding (not
 /// bitwise), the same for a row at any row count. `None` off CUDA, for shapes the kernel does
@@ -179,7 +189,7 @@ pub fn folded_gemv(
     x: &Tensor,
     w: &Tensor,
     fold: Folded,
-    silu_gate: bool,
+    gate: Option<Gate>,
 ) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
@@ -189,15 +199,15 @@ pub fn folded_gemv(
             Folded::Resid(r) => (r, false, Fold::Resid),
         };
         let x = x.contiguous()?;
-        if fold_applies(&x, w, aux, silu_gate, norm) {
-            let op = FoldedGemv { silu_gate, fold };
+        if fold_applies(&x, w, aux, gate, norm) {
+            let op = FoldedGemv { gate, fold };
             return Ok(Some(made(x.apply_op3_no_bwd(w, aux, &op)?)));
         }
         Ok(None)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (x, w, fold, silu_gate);
+        let _ = (x, w, fold, gate);
         Ok(None)
     }
 }
@@ -209,10 +219,12 @@ pub fn folded_gemv(
 pub fn silu_gate_gemv(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if super::cuda::silu_gate_applies(x, w) {
-        return Ok(Some(made(
-            x.contiguous()?
-                .apply_op2_no_bwd(w, &super::cuda::Gemv { silu_gate: true })?,
-        )));
+        return Ok(Some(made(x.contiguous()?.apply_op2_no_bwd(
+            w,
+            &super::cuda::Gemv {
+                gate: Some(Gate::Silu),
+            },
+        )?)));
     }
     let _ = (x, w);
     Ok(None)
@@ -304,9 +316,30 @@ pub fn add_rmsnorm(
         if !super::cuda::add_rmsnorm_applies(&x, &y) {
             return Ok(None);
         }
-        let op = super::cuda::AddRmsNorm { eps };
+        let op = super::cuda::AddRmsNorm { eps, post: false };
         let out = x.apply_op3_no_bwd(&y, &weight.contiguous()?, &op)?;
         return Ok(Some((out.get(0)?, out.get(1)?)));
+    }
+    let _ = (x, y, weight, eps);
+    Ok(None)
+}
+
+/// `x + rmsnorm(y) * weight` in one pass on CUDA for `x`, `y: [t, h]` (a sandwich block's
+/// post-norm and the residual add after it): the norm rounded to the dtype, then the sum,
+/// as the separate norm and add round them. `None` elsewhere.
+pub fn add_normed(x: &Tensor, y: &Tensor, weight: &Tensor, eps: f32) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        let (x, y) = (x.contiguous()?, y.contiguous()?);
+        if !super::cuda::add_rmsnorm_applies(&x, &y) {
+            return Ok(None);
+        }
+        let op = super::cuda::AddRmsNorm { eps, post: true };
+        return Ok(Some(made(x.apply_op3_no_bwd(
+            &y,
+            &weight.contiguous()?,
+            &op,
+        )?)));
     }
     let _ = (x, y, weight, eps);
     Ok(None)

@@ -135,7 +135,7 @@ impl Linear {
             return self.forward(&norm.forward(x)?);
         }
         let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
-        match super::fused::folded_gemv(x, &self.weight, fold, false)? {
+        match super::fused::folded_gemv(x, &self.weight, fold, None)? {
             Some(y) => self.add_bias(y),
             None => self.forward(&norm.forward(x)?),
         }
@@ -146,7 +146,7 @@ impl Linear {
     pub fn forward_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {
         if self.bias.is_none() && !self.is_quantized() {
             let fold = super::fused::Folded::Resid(resid);
-            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, false)? {
+            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, None)? {
                 return Ok(y);
             }
         }
@@ -215,6 +215,15 @@ impl RmsNorm {
         let sum = (x + y)?;
         let normed = self.forward(&sum)?;
         Ok((sum, normed))
+    }
+
+    /// `x + norm(y)`: a post-norm (Gemma's sandwich norms) and the residual add after it,
+    /// in one kernel where the device has one.
+    pub fn add_normed(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        if let Some(sum) = super::fused::add_normed(x, y, &self.weight, self.eps)? {
+            return Ok(sum);
+        }
+        Ok((x + self.forward(y)?)?)
     }
 
     /// The effective per-feature scale `[features]`.

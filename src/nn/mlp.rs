@@ -29,6 +29,16 @@ impl Activation {
         }
     }
 
+    /// The gate a folded gate/up product applies for this activation (none for the exact
+    /// GELU).
+    fn gate(self) -> Option<super::fused::Gate> {
+        match self {
+            Activation::Silu => Some(super::fused::Gate::Silu),
+            Activation::GeluTanh => Some(super::fused::Gate::Gelu),
+            Activation::Gelu => None,
+        }
+    }
+
     fn apply(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Activation::Silu => x.silu()?,
@@ -123,7 +133,8 @@ impl GatedMlp {
             (self.act, self.gate_up.bias(), self.gate_up.weight())
         {
             let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
-            if let Some(h) = super::fused::folded_gemv(x, w, fold, true)? {
+            let gate = Some(super::fused::Gate::Silu);
+            if let Some(h) = super::fused::folded_gemv(x, w, fold, gate)? {
                 profile::mark("gate/up projection", &h)?;
                 let out = self.down.forward_add(&h, x)?;
                 profile::mark("down projection", &out)?;
@@ -133,6 +144,27 @@ impl GatedMlp {
         let normed = norm.forward(x)?;
         profile::mark("norms, residual adds", &normed)?;
         Ok((x + self.forward(&normed)?)?)
+    }
+
+    /// `mlp(norm(x))` for the residual stream `x: [t, hidden]` (a sandwich block, whose
+    /// post-norm comes before the add): on CUDA the norm and the gate's activation (SiLU or
+    /// GELU-tanh) ride in the gate/up GEMV ([`super::fused::folded_gemv`]); elsewhere the norm
+    /// runs first.
+    pub fn forward_prenorm(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        if let (Some(gate), None, Some(w)) =
+            (self.act.gate(), self.gate_up.bias(), self.gate_up.weight())
+        {
+            let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
+            if let Some(h) = super::fused::folded_gemv(x, w, fold, Some(gate))? {
+                profile::mark("gate/up projection", &h)?;
+                let out = self.down.forward(&h)?;
+                profile::mark("down projection", &out)?;
+                return Ok(out);
+            }
+        }
+        let normed = norm.forward(x)?;
+        profile::mark("norms, residual adds", &normed)?;
+        self.forward(&normed)
     }
 
     /// Parameters held.

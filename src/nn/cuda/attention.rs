@@ -116,6 +116,21 @@ pub struct AttnRope {
     pub v: Tensor,
     /// As [`RopeStore::prefetch`], from the attention kernel's prologue.
     pub prefetch: Option<Tensor>,
+    /// The per-head q/k RMSNorms to apply before RoPE (Qwen3, Gemma 3): `q` and the step's
+    /// keys are then the projection's output before the norms.
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// The per-head RMSNorms of queries and keys that [`AttnRope`] applies.
+pub struct QkNorm {
+    /// `[d]` weight of the q norm.
+    pub q: Tensor,
+    /// `[d]` weight of the k norm.
+    pub k: Tensor,
+    /// Epsilon of the q norm.
+    pub q_eps: f32,
+    /// Epsilon of the k norm.
+    pub k_eps: f32,
 }
 
 /// Most splits a cluster combines (`CL_MAX` in attn_split.cu: the portable cluster size).
@@ -422,6 +437,11 @@ impl SplitAttention {
             .and_then(|r| r.prefetch.as_ref())
             .map(|w| w.storage_and_layout());
         let pf = prefetch_ranges::<T>(&pf_guard, prefetch_bytes(&o))?;
+        let norm_guards = self
+            .rope
+            .as_ref()
+            .and_then(|r| r.qk_norm.as_ref())
+            .map(|n| [n.q.storage_and_layout(), n.k.storage_and_layout()]);
         // The fused kernel's arguments after the plain kernel's.
         if let (Some(r), Some(g)) = (&self.rope, &rope_guards) {
             const OP: &str = "split attention with RoPE";
@@ -453,6 +473,23 @@ impl SplitAttention {
                 Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
                 None => l.null().val(0i64).null().val(0i64),
             };
+            match (&r.qk_norm, &norm_guards) {
+                (Some(n), Some(g)) => {
+                    let fits = |l: &Layout| l.dims() == [d] && l.is_contiguous();
+                    if !fits(g[0].1) || !fits(g[1].1) {
+                        candle_core::bail!(
+                            "{OP}: q/k norm weights {:?}, {:?} must be contiguous [{d}]",
+                            g[0].1.dims(),
+                            g[1].1.dims()
+                        );
+                    }
+                    let (qn, kn) = (view::<T>(&g[0], "q norm")?, view::<T>(&g[1], "k norm")?);
+                    l.ptr(&qn).ptr(&kn).val(n.q_eps).val(n.k_eps);
+                }
+                _ => {
+                    l.null().null().val(0f32).val(0f32);
+                }
+            }
         }
         let cfg = LaunchConfig {
             grid_dim: grid,
@@ -465,7 +502,7 @@ impl SplitAttention {
         // pointers `k`, `v`) lie below `len` ≤ `max_len` (a ring's: modulo its slots), the
         // caller's room in the cache buffers, and the tables cover them (a ring's caller
         // builds them for the step's positions); the prefetched ranges lie inside the weight's
-        // two halves.
+        // two halves; the q/k norm weights hold `d` elements each.
         unsafe { l.run(cfg) }?;
         // The partial sums are scratch: freed here, after the launch (stream order), except
         // while a graph records, where a free would sit between this kernel and the next.

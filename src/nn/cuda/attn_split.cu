@@ -183,11 +183,18 @@ __device__ void attn_combine_cluster(const float *cm, const float *cl, const flo
 // (`load_vec_cg`): the read-only path may not see what the kernel wrote. Every block that
 // sees a new position writes the same bytes there; the query of row i sees its own
 // position, so all t are written. Older positions are only read.
+//
+// Per-head q/k RMSNorm fused too (`rope.qn` not null: Qwen3, Gemma 3): before RoPE, each
+// query head's row and each new key row become x * rsqrt(mean(x^2) + eps) * w, rounded to T
+// as the separate norm rounds it; every row's scale is summed by one warp in one order, so a
+// row's result never depends on the rows or heads beside it.
 template <typename T> struct FusedRope {
   const T *k_new, *v_new;  // [t, kv_heads, d] rows k_row / v_row apart, heads d apart
   long k_row, v_row;
   const T *cos, *sin;      // [P, d / 2] tables
   T *kw, *vw;              // the cache buffers k and v view, written
+  const T *qn, *kn;        // [d] q and k norm weights, or null (no q/k norm)
+  float q_eps, k_eps;
 };
 
 template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false,
@@ -275,6 +282,35 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // rounds of loads in flight together, one barrier for both. The new positions are the
   // last t ≤ 32 < split_len, so they lie in at most two splits.
   const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
+  // The q/k norms' row scales: query head h's in qscale[h], new key row n's in kscale[n]
+  // (rows fresh ... qpos, at most t ≤ 32), one warp a row.
+  __shared__ float qscale[HB], kscale[32];
+  const bool qk_norm = ROPE && rope.qn != nullptr;
+  if (qk_norm) {
+    for (int item = warp; item < HB + writes / HALF; item += W) {
+      const bool is_q = item < HB;
+      if (is_q && item >= nh) continue;
+      const T *xr = is_q ? q + (h0 + item) * q_head_stride + row * q_row_stride
+                         : rope.k_new + (item - HB) * rope.k_row + (long)blockIdx.y * D;
+      float ss = 0.f;
+      for (int e = lane; e < D; e += 32) {
+        const float f = to_f32(xr[e]);
+        ss += f * f;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) {
+        if (is_q)
+          qscale[item] = rsqrtf(ss / D + rope.q_eps);
+        else
+          kscale[item - HB] = rsqrtf(ss / D + rope.k_eps);
+      }
+    }
+    __syncthreads();
+  }
+  // x * scale * w of element f of a normed row, rounded to T (the unfused norm's output).
+  const auto normed = [&](float x, float scale, const T *w, int f) {
+    return to_f32(from_f32<T>(x * scale * to_f32(w[f])));
+  };
   for (int i = threadIdx.x; i < max(HB * D, writes); i += blockDim.x) {
     const int h = i / D, e = i % D;
     if (h < HB) {
@@ -284,7 +320,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         const int f = e % HALF;
         const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
         const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
-        const float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
+        float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
+        if (qk_norm) {
+          x1 = normed(x1, qscale[h], rope.qn, f);
+          x2 = normed(x2, qscale[h], rope.qn, f + HALF);
+        }
         x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
       } else if (h < nh) {
         x = to_f32(qr[e]);
@@ -301,7 +341,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const float c = to_f32(rope.cos[(long)p * HALF + f]);
       const float sn = to_f32(rope.sin[(long)p * HALF + f]);
       const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
-      const float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+      float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
+      if (qk_norm) {
+        x1 = normed(x1, kscale[n], rope.kn, f);
+        x2 = normed(x2, kscale[n], rope.kn, f + HALF);
+      }
       T *o = rope.kw + blockIdx.y * kv_head_stride + (long)slot * D;
       o[f] = from_f32<T>(x1 * c - x2 * sn);
       o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
@@ -517,13 +561,15 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   int splits, int window, float softcap, int ring, int ring_lo,               \
                   const T *k_new, long k_row,                                                 \
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
-                  const char *pf0, long pf0_n, const char *pf1, long pf1_n) {                 \
+                  const char *pf0, long pf0_n, const char *pf1, long pf1_n, const T *qn,      \
+                  const T *kn, float q_eps, float k_eps) {                                     \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, W, true, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t,  \
                                                       heads, group,                           \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap, ring, ring_lo,                        \
-                               FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw});   \
+                               FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw, qn, \
+                                            kn, q_eps, k_eps});                                \
   }
 // `_ring` after the head and warp counts: the same over a ring (RING).
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
@@ -545,14 +591,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
            float softcap, int ring, int ring_lo, const T *k_new, long k_row,                 \
            const T *v_new, long v_row,                                                        \
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
-           const char *pf1, long pf1_n) {                                                     \
+           const char *pf1, long pf1_n, const T *qn, const T *kn, float q_eps, float k_eps) { \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, 8, true, HV, CL, RING>(q, k, v, part, y, len_ptr, len_arg, t, heads,  \
                                                 group,                                         \
                                           q_head_stride, q_row_stride, kv_head_stride,        \
                                           split_len, splits, window, softcap, ring, ring_lo,  \
                                           FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
-                                                       kw, vw});                              \
+                                                       kw, vw, qn, kn, q_eps, k_eps});        \
   }
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
   ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false, false)                         \

@@ -7,6 +7,7 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::launch::Launch;
 use crate::engine::EngineOptions;
+use crate::nn::fused::Gate;
 
 /// Most rows [`Gemv`] takes (a decode step and verification blocks up to γ = 15); longer
 /// inputs take cuBLAS.
@@ -34,12 +35,12 @@ fn tensor_core_gemv(o: &EngineOptions) -> bool {
 /// `in` a multiple of 32, else `gemv`. Inputs of [`candle_core::CustomOp2`]:
 /// `x`, `w`. Output `[rows, out]`.
 ///
-/// With `silu_gate`, `w` is a gated MLP's fused `[2 inter, in]` gate/up weight and the output
-/// `[rows, inter]` is `silu(x gᵀ) * (x uᵀ)`, in the arithmetic [`GateMul`] applies to the
+/// With a `gate`, `w` is a gated MLP's fused `[2 inter, in]` gate/up weight and the output
+/// `[rows, inter]` is `act(x gᵀ) * (x uᵀ)`, in the arithmetic [`GateMul`] applies to the
 /// plain product (products rounded to the dtype, the activation in f32; tensor-core path
-/// only: [`silu_gate_applies`]).
+/// only: [`silu_gate_applies`]; GELU only with a folded norm, [`FoldedGemv`]).
 pub struct Gemv {
-    pub silu_gate: bool,
+    pub gate: Option<Gate>,
 }
 
 /// Most bytes of a folded norm's weight (staged in shared memory beside the reduction
@@ -52,8 +53,8 @@ const NORM_WEIGHT_SMEM: usize = 24 << 10;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fold {
     /// The third input is an RMSNorm's weight `[in]` and `x` the residual stream before that
-    /// norm: `y = r · (x ⊙ g) wᵀ` with `r = rsqrt(mean(x²) + eps)` per row (also with
-    /// `silu_gate`, where both products take `r` before the activation).
+    /// norm: `y = r · (x ⊙ g) wᵀ` with `r = rsqrt(mean(x²) + eps)` per row (also with a
+    /// gate, where both products take `r` before the activation).
     Norm { eps: f32 },
     /// The third input is the residual stream `[rows, out]`: `y = resid + x wᵀ`, each
     /// rounded to the dtype as `add_rmsnorm` rounds its sum.
@@ -63,7 +64,7 @@ pub enum Fold {
 /// [`Gemv`] with a [`Fold`]: inputs `x`, `w` and the fold's tensor (a
 /// [`candle_core::CustomOp3`]); tensor-core path only ([`fold_applies`]).
 pub struct FoldedGemv {
-    pub silu_gate: bool,
+    pub gate: Option<Gate>,
     pub fold: Fold,
 }
 
@@ -79,9 +80,7 @@ impl FoldedGemv {
         let Some((a0, a1)) = al.contiguous_offsets() else {
             candle_core::bail!("gemv: the folded input must be contiguous");
         };
-        let gemv = Gemv {
-            silu_gate: self.silu_gate,
-        };
+        let gemv = Gemv { gate: self.gate };
         gemv.launch(
             dev,
             name,
@@ -115,10 +114,17 @@ impl Gemv {
         // The engine options, read once for the launch.
         let o = crate::engine::get();
         let tensor_cores = name != "f32" && inp.is_multiple_of(32) && tensor_core_gemv(&o);
-        if self.silu_gate && (!tensor_cores || !wd[0].is_multiple_of(16)) {
-            candle_core::bail!("gemv: the SiLU-gated product needs the tensor-core path");
+        if self.gate.is_some() && (!tensor_cores || !wd[0].is_multiple_of(16)) {
+            candle_core::bail!("gemv: a gated product needs the tensor-core path");
         }
-        let out = if self.silu_gate { wd[0] / 2 } else { wd[0] };
+        if self.gate == Some(Gate::Gelu) && !matches!(fold, Some((_, _, Fold::Norm { .. }))) {
+            candle_core::bail!("gemv: the GELU-gated product is built with a folded norm only");
+        }
+        let out = if self.gate.is_some() {
+            wd[0] / 2
+        } else {
+            wd[0]
+        };
         // The kernel's name part, the folded input and epsilon (checked against the kernel's
         // reads: the norm weight in whole 16-byte vectors beside each chunk of `x`, the
         // residual one element per output).
@@ -135,7 +141,9 @@ impl Gemv {
                 {
                     ("norm_", Some(aux), eps)
                 }
-                Fold::Resid if !self.silu_gate && dims == [rows, out] => ("resid_", Some(aux), 0.0),
+                Fold::Resid if self.gate.is_none() && dims == [rows, out] => {
+                    ("resid_", Some(aux), 0.0)
+                }
                 _ => candle_core::bail!(
                     "gemv: folded input {dims:?} does not fit {fold:?} for x {xd:?}, w {wd:?}"
                 ),
@@ -164,7 +172,11 @@ impl Gemv {
             } else {
                 warps
             };
-            let gate = if self.silu_gate { "silu_" } else { "" };
+            let gate = match self.gate {
+                None => "",
+                Some(Gate::Silu) => "silu_",
+                Some(Gate::Gelu) => "gelu_",
+            };
             // 16-byte loads per lane and weight row per chunk: the option `gemv_loads`, 0
             // choosing 2 where `in` is a multiple of 64. The chunk width depends on `in` only,
             // never on the row count: every row count sums in the same order.
@@ -325,16 +337,20 @@ pub fn folds(x: &Tensor) -> bool {
         && o.gemv_fold
 }
 
-/// True when [`FoldedGemv`] takes `x: [rows, in]`, `w` (with `silu_gate`: [`silu_gate_applies`],
-/// else [`gemv_applies`]) and the fold's input `aux`: the tensor-core path (bf16 / f16, `in`
-/// a multiple of 32), folding not switched off (`gemv_fold`), and `aux` contiguous, of `x`'s dtype, either
-/// the norm weight `[in]` starting 16-byte aligned or the residual `[rows, out]`.
-pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm: bool) -> bool {
+/// True when [`FoldedGemv`] takes `x: [rows, in]`, `w` (with a gate: [`silu_gate_applies`]'s
+/// shapes, the SiLU under the option `silu_gate`, the GELU under `gelu_gate` and with a norm
+/// only; else [`gemv_applies`]) and the fold's input `aux`: the tensor-core path (bf16 / f16,
+/// `in` a multiple of 32), folding not switched off (`gemv_fold`), and `aux` contiguous, of
+/// `x`'s dtype, either the norm weight `[in]` starting 16-byte aligned or the residual
+/// `[rows, out]`.
+pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, gate: Option<Gate>, norm: bool) -> bool {
     let o = crate::engine::get();
-    let products = if silu_gate {
-        silu_gate_fits(&o, x, w)
-    } else {
-        tensor_core_applies(&o, x, w)
+    let products = match gate {
+        None => tensor_core_applies(&o, x, w),
+        Some(Gate::Silu) => silu_gate_fits(&o, x, w),
+        Some(Gate::Gelu) => {
+            norm && tensor_core_applies(&o, x, w) && w.dims()[0].is_multiple_of(16) && o.gelu_gate
+        }
     };
     let vector = 16 / aux.dtype().size_in_bytes().max(1);
     let fits = if norm {
@@ -342,7 +358,7 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, silu_gate: bool, norm:
             && aux.layout().start_offset().is_multiple_of(vector)
             && aux.elem_count() * aux.dtype().size_in_bytes() <= NORM_WEIGHT_SMEM
     } else {
-        !silu_gate && aux.dims() == [x.dims()[0], w.dims()[0]]
+        gate.is_none() && aux.dims() == [x.dims()[0], w.dims()[0]]
     };
     products && o.gemv_fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
 }
@@ -438,10 +454,14 @@ pub fn add_rmsnorm_applies(x: &Tensor, y: &Tensor) -> bool {
 }
 
 /// Residual add and RMSNorm in one pass: inputs `x`, `y: [t, h]`, `w: [h]` (contiguous);
-/// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in elementwise.cu).
+/// output `[2, t, h]`: the sum `x + y`, then its norm (`add_rmsnorm` in elementwise.cu). With
+/// `post`, the norm is `y`'s and comes before the add (a sandwich block's post-norm): output
+/// `[t, h]`, `x + norm(y)` (`add_normed`).
 pub struct AddRmsNorm {
     /// The norm's epsilon.
     pub eps: f32,
+    /// Normalise `y`, then add it to `x`.
+    pub post: bool,
 }
 
 impl AddRmsNorm {
@@ -482,12 +502,21 @@ impl AddRmsNorm {
                 xl.dims()
             );
         }
+        let outputs = if self.post { 1 } else { 2 };
         // SAFETY: written in full by the kernel.
-        let out = unsafe { super::op::out_alloc::<T>(dev, 2 * t * h)? };
-        let mut l = Launch::new(dev, &format!("add_rmsnorm_{name}"))?;
+        let out = unsafe { super::op::out_alloc::<T>(dev, outputs * t * h)? };
+        let kernel = if self.post {
+            "add_normed"
+        } else {
+            "add_rmsnorm"
+        };
+        let mut l = Launch::new(dev, &format!("{kernel}_{name}"))?;
         let (x, y, w) = (x.slice(x0..x1), y.slice(y0..y1), w.slice(w0..w1));
         l.ptr(&x).ptr(&y).ptr(&w).ptr(&out);
-        l.val(t as i32).val(h as i32).val(self.eps);
+        if !self.post {
+            l.val(t as i32);
+        }
+        l.val(h as i32).val(self.eps);
         let cfg = LaunchConfig {
             grid_dim: (t as u32, 1, 1),
             block_dim: (
@@ -497,10 +526,15 @@ impl AddRmsNorm {
             ),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches `add_rmsnorm`; block i touches row i of x, y and both halves of out,
-        // in whole aligned vectors (checked above; `out` is a fresh allocation).
+        // SAFETY: matches `add_rmsnorm` (`add_normed`); block i touches row i of x, y and of
+        // each output, in whole aligned vectors (checked above; `out` is a fresh allocation).
         unsafe { l.run(cfg) }?;
-        Ok((out, Shape::from((2, t, h))))
+        let shape = if self.post {
+            Shape::from((t, h))
+        } else {
+            Shape::from((2, t, h))
+        };
+        Ok((out, shape))
     }
 }
 

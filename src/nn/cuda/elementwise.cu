@@ -1,5 +1,5 @@
 // Elementwise and row-wise steps: RoPE with the K/V store at device-side positions, the
-// gated MLP's SiLU, residual add + RMSNorm, row argmax (`attention.rs`, `dense.rs`).
+// gated MLP's SiLU, residual add + RMSNorm, a post-norm's residual add, row argmax (`attention.rs`, `dense.rs`).
 #pragma once
 #include "common.cuh"
 
@@ -161,6 +161,75 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
 ADD_RMSNORM(add_rmsnorm_f32, float)
 ADD_RMSNORM(add_rmsnorm_bf16, __nv_bfloat16)
 ADD_RMSNORM(add_rmsnorm_f16, __half)
+
+// A post-norm's residual add (Gemma's sandwich norms in a folded step), one block per row:
+// out = x + n with n = y / sqrt(mean(y^2) + eps) * w rounded to T (as candle's rms_norm
+// rounds it) and the sum rounded once (as the separate add would). [t, h] rows; vectors and
+// alignment as `add_rmsnorm`'s.
+template <typename T>
+__device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
+                           const T *__restrict__ w, T *__restrict__ out, int h, float eps) {
+  constexpr int VEC = 16 / sizeof(T);
+  const int nvec = h / VEC;
+  uint4 wv[NORM_VECS], yv[NORM_VECS];
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
+  }
+  pdl_begin();
+  const long row = blockIdx.x;
+  const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * h);
+  const uint4 *yr = reinterpret_cast<const uint4 *>(y + row * h);
+  uint4 *orow = reinterpret_cast<uint4 *>(out + row * h);
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) {
+      yv[k] = yr[i];
+      const T *py = reinterpret_cast<const T *>(&yv[k]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float f = to_f32(py[e]);
+        ss += f * f;
+      }
+    }
+  }
+  __shared__ float red[32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  ss = 0.f;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
+  const float scale = rsqrtf(ss / h + eps);
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) {
+      const uint4 a = xr[i];
+      const T *pa = reinterpret_cast<const T *>(&a), *py = reinterpret_cast<const T *>(&yv[k]),
+              *pw = reinterpret_cast<const T *>(&wv[k]);
+      uint4 o;
+      T *po = reinterpret_cast<T *>(&o);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float n = to_f32(from_f32<T>(to_f32(py[e]) * scale * to_f32(pw[e])));
+        po[e] = from_f32<T>(to_f32(pa[e]) + n);
+      }
+      orow[i] = o;
+    }
+  }
+}
+
+#define ADD_NORMED(NAME, T)                                                                    \
+  extern "C" __global__ void NAME(const T *x, const T *y, const T *w, T *out, int h,          \
+                                  float eps) {                                                 \
+    add_normed<T>(x, y, w, out, h, eps);                                                       \
+  }
+ADD_NORMED(add_normed_f32, float)
+ADD_NORMED(add_normed_bf16, __nv_bfloat16)
+ADD_NORMED(add_normed_f16, __half)
 
 // Argmax of each row of a contiguous [rows, n]: one block per row; the first index of the
 // largest value on ties (as the host's argmax and torch's), NaN never wins. out: u32. Half

@@ -112,9 +112,10 @@ GEMV_ROWS(__half, f16)
 // then the warps' partial sums are added in warp order: nothing in a row's sums depends on
 // how many rows there are, so a decode step and a verification row compute bitwise the
 // same outputs.
-// GATED (the gated MLP's SiLU inside the gate/up product): w is the fused [2 out, in]
-// gate/up weight (gate rows, then up rows) and y[r, o] = silu(g) * u of the rounded products
-// g = x w[o], u = x w[out + o], exactly what `silu_mul` computes from the plain product: the
+// GATE (the gated MLP's activation inside the gate/up product: GATE_SILU or GATE_GELU, GELU
+// with the tanh approximation): w is the fused [2 out, in]
+// gate/up weight (gate rows, then up rows) and y[r, o] = act(g) * u of the rounded products
+// g = x w[o], u = x w[out + o], exactly what `gate_mul` computes from the plain product: the
 // block takes 8 gate rows as the mma's A rows 0-7 and the matching up rows as rows 8-15, so
 // one thread holds both sums of an output.
 // MODE folds the layer's residual stream into the product, so that no norm kernel runs
@@ -132,6 +133,7 @@ GEMV_ROWS(__half, f16)
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
 constexpr int GEMV_PLAIN = 0, GEMV_NORM = 1, GEMV_RESID = 2;
+constexpr int GATE_NONE = 0, GATE_SILU = 1, GATE_GELU = 2;
 // Eight elements times eight, each product rounded once (as from_f32(to_f32(a) * to_f32(b)):
 // the product of two 16-bit floats is exact in f32).
 template <typename T> __device__ __forceinline__ uint4 mul8(uint4 a, uint4 b);
@@ -156,9 +158,10 @@ constexpr int GEMV_TC_UNROLL = 4;
 // V: 16-byte loads per lane and weight row per chunk (chunks of 32 V inputs; a row's four
 // lanes read 64 V contiguous bytes, more bytes in flight a request). (No L2 prefetch of each
 // warp's first chunks before `pdl_begin`: it was slower. docs/kernel-notes.md, "GEMV".)
-template <typename T, int NT, int WARPS, bool GATED, int V, int MODE>
+template <typename T, int NT, int WARPS, int GATE, int V, int MODE>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out, const T *__restrict__ aux, float eps) {
+  constexpr bool GATED = GATE != GATE_NONE;
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
@@ -281,7 +284,11 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       const float sc = scale(r);
       const float g = to_f32(from_f32<T>(sum(o, r) * sc));
       const float u = to_f32(from_f32<T>(sum(o + 8, r) * sc));
-      y[(long)r * out + o0 + o] = from_f32<T>(g / (1.f + __expf(-g)) * u);
+      // `gate_mul`'s arithmetic (elementwise.cu).
+      const float a = GATE == GATE_GELU
+                          ? 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)))
+                          : g / (1.f + __expf(-g));
+      y[(long)r * out + o0 + o] = from_f32<T>(a * u);
     }
   } else {
     // Thread i < 256 takes output o0 + i / 16 of row i % 16.
@@ -298,18 +305,20 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 // four 8-warp blocks an SM): GEMV_NORM took ~90 unasked, and the plain and residual kernels
 // 68-70 once GEMV_NORM's norm weight moved to shared memory, which ran the 8B-shaped target's
 // 256-block products in two waves (docs/kernel-notes.md, "GEMV: register cap").
-#define GEMV_TC1(NAME, T, NT, W, GATED, V, MODE)                                               \
+#define GEMV_TC1(NAME, T, NT, W, GATE, V, MODE)                                               \
   extern "C" __global__ void __launch_bounds__(W * 32, NT == 1 && W < 32 ? 1024 / (W * 32) : 1) \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps) { \
-    gemv_tc<T, NT, W, GATED, V, MODE>(x, w, y, rows, in, out, aux, eps);                       \
+    gemv_tc<T, NT, W, GATE, V, MODE>(x, w, y, rows, in, out, aux, eps);                        \
   }
-// Kernel names: gemv_tc_[silu_][norm_|resid_]<dtype>_n<NT>_w<W>_v<V>.
+// Kernel names: gemv_tc_[silu_|gelu_][norm_|resid_]<dtype>_n<NT>_w<W>_v<V> (GELU-gated with
+// the norm folded only: Gemma's MLP in a folded step).
 #define GEMV_TC_M(T, NAME, NT, W, V)                                                           \
-  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_PLAIN)               \
-  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_NORM)           \
-  GEMV_TC1(gemv_tc_resid_##NAME##_n##NT##_w##W##_v##V, T, NT, W, false, V, GEMV_RESID)         \
-  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, GEMV_PLAIN)           \
-  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, true, V, GEMV_NORM)
+  GEMV_TC1(gemv_tc_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_PLAIN)           \
+  GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_NORM)       \
+  GEMV_TC1(gemv_tc_resid_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_RESID)     \
+  GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_SILU, V, GEMV_PLAIN)      \
+  GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_SILU, V, GEMV_NORM)  \
+  GEMV_TC1(gemv_tc_gelu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_GELU, V, GEMV_NORM)
 #define GEMV_TC_W(T, NAME, NT, V)                                                              \
   GEMV_TC_M(T, NAME, NT, 8, V) GEMV_TC_M(T, NAME, NT, 16, V) GEMV_TC_M(T, NAME, NT, 32, V)
 #define GEMV_TC(T, NAME, NT) GEMV_TC_W(T, NAME, NT, 1) GEMV_TC_W(T, NAME, NT, 2)

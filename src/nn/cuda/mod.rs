@@ -21,7 +21,8 @@ mod launch;
 mod prefill;
 
 pub use attention::{
-    fused_rope, split_attention_applies, split_reach, AttnRope, RingKeys, RopeStore, SplitAttention,
+    fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RopeStore,
+    SplitAttention,
 };
 pub use dense::{
     add_rmsnorm_applies, argmax_on_device, fold_applies, folds, gemv_applies, silu_gate_applies,
