@@ -59,6 +59,9 @@ pub struct Eagle3Head {
     d2t: Tensor,
     hidden: usize,
     fc_in: usize,
+    /// Recorded steps (CUDA only), as a decoder's.
+    #[cfg(feature = "cuda")]
+    graphs: super::cuda::graph::Graphs,
 }
 
 impl Eagle3Head {
@@ -100,6 +103,8 @@ impl Eagle3Head {
             hidden,
             fc_in,
             parts,
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
         })
     }
 
@@ -143,6 +148,17 @@ impl Eagle3Head {
         Ok(self.d2t.index_select(draft_ids, 0)?)
     }
 
+    /// CUDA-graph steps recorded and kept for replay (0 off CUDA, with graphs off, or after a
+    /// recording failed and the head went back to the ordinary path).
+    pub fn graph_recordings(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs.recorded()
+        }
+        #[cfg(not(feature = "cuda"))]
+        0
+    }
+
     /// Parameters held (the embedding, usually the target's, not counted).
     pub fn param_count(&self) -> usize {
         let p = &self.parts;
@@ -174,7 +190,9 @@ impl Eagle3Head {
     /// (target hidden states, through `fc`) or `[t, hidden]` (the head's own outputs).
     /// Returns the outputs `[t, hidden]` (what a later position is fed) and the draft-vocabulary
     /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`). On the CPU it
-    /// runs on rayon's pool, as the decoder's forwards do ([`super::threads::on_cpu_pool`]).
+    /// runs on rayon's pool, as the decoder's forwards do ([`super::threads::on_cpu_pool`]);
+    /// on CUDA with graphs on, a step of at most [`super::GRAPH_MAX_ROWS`] pairs over a
+    /// full-attention cache replays a recorded graph, as a decoder's step does.
     pub fn forward(
         &self,
         ids: &Tensor,
@@ -196,6 +214,93 @@ impl Eagle3Head {
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let Some(outputs) = self.forward_graphed(ids, features, cache, last)? {
+            return Ok(outputs);
+        }
+        let offset = cache.offset();
+        let layer = cache.layer_mut(0)?;
+        self.step(ids, features, last, |attn, x| {
+            attn.forward(AttnInput::Normed(x), offset, layer)
+        })
+    }
+
+    /// [`Self::forward`] as a replayed CUDA graph (recorded on first use per row count,
+    /// feature width and cache buffer): `None` sends the caller down the ordinary path
+    /// (graphs off, a first forward, a tree open, a sliding-window head, quantized parts,
+    /// more than [`super::GRAPH_MAX_ROWS`] rows). The cache advances on success.
+    #[cfg(feature = "cuda")]
+    fn forward_graphed(
+        &self,
+        ids: &Tensor,
+        features: &Tensor,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let candle_core::Device::Cuda(dev) = self.device() else {
+            return Ok(None);
+        };
+        let p = &self.parts;
+        let t = ids.dim(0)?;
+        let quantized = [&p.fc, &p.lm_head].iter().any(|l| l.is_quantized())
+            || p.attn.is_quantized()
+            || p.mlp.is_quantized();
+        if t > super::GRAPH_MAX_ROWS
+            || cache.offset() == 0
+            || !super::graphs::graphs_enabled()
+            || quantized
+            || p.kind != super::spec::LayerKind::Full
+        {
+            return Ok(None);
+        }
+        let Some(bufs) = cache.reserve_in_place(t)? else {
+            return Ok(None);
+        };
+        let (k, v, id) = &bufs[0];
+        let len = (cache.offset() + t) as u32;
+        let capacity = k.dim(2)?;
+        let reach = super::cuda::split_reach(capacity, len as usize);
+        let (cos, _) = p.attn.rope_table(capacity)?;
+        // The buffers and tables recorded against, the keys reached, and the features' width
+        // (the target's fused states or the head's own outputs).
+        let key = vec![
+            *id,
+            cos.dim(0)? as u64,
+            reach as u64,
+            features.dim(1)? as u64,
+        ];
+        let slot = 2 * t + usize::from(last && t > 1);
+        let tokens = super::DeviceTokens::from_argmax(ids.clone(), self.vocab_size()?);
+        let step = |ids: &Tensor, len: &Tensor, features: Option<&Tensor>| {
+            let features =
+                features.ok_or_else(|| Error::invalid("eagle3: graph step without features"))?;
+            let (out, logits) = self.step(ids, features, last, |attn, x| {
+                attn.forward_in_place(AttnInput::Normed(x), (k, v), (len, reach), None, None)
+            })?;
+            Ok((logits, Some(out)))
+        };
+        let ids = super::StepIds::Device(&tokens);
+        let Some((logits, out)) =
+            self.graphs
+                .run(dev, (slot, false), key, ids, len, Some(features), step)?
+        else {
+            return Ok(None);
+        };
+        cache.advance(t);
+        let out = out.ok_or_else(|| Error::invalid("eagle3: graph step lost its outputs"))?;
+        Ok(Some((out, logits)))
+    }
+
+    /// The head's computation over `t` pairs with the attention `attend(attention, x)` of
+    /// its input rows `x: [t, 2 × hidden]` (the ordinary cache append or a graph step's
+    /// in-place write): `(outputs, logits)` as [`Self::forward`] returns them.
+    fn step(
+        &self,
+        ids: &Tensor,
+        features: &Tensor,
+        last: bool,
+        attend: impl FnOnce(&Attention, &Tensor) -> Result<Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let p = &self.parts;
         let width = features.dim(1)?;
         let g = if width == self.fc_in {
@@ -208,7 +313,6 @@ impl Eagle3Head {
                 self.fc_in, self.hidden
             )));
         };
-        let offset = cache.offset();
         let embedded = p.embed.index_select(ids, 0)?;
         let normed_hidden = p.hidden_norm.forward(&g)?;
         let x = Tensor::cat(
@@ -220,9 +324,7 @@ impl Eagle3Head {
         } else {
             g
         };
-        let h = p
-            .attn
-            .forward(AttnInput::Normed(&x), offset, cache.layer_mut(0)?)?;
+        let h = attend(&p.attn, &x)?;
         let (y, normed) = p.post_attention_norm.add_forward(&residual, &h)?;
         let mut out = (y + p.mlp.forward(&normed)?)?;
         let rows = |x: &Tensor| -> Result<Tensor> {

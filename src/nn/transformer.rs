@@ -362,9 +362,14 @@ impl Decoder {
         }
         // One recording per block length and output kind.
         let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
-        let logits = self
-            .graphs
-            .run(dev, (slot, greedy), key, tokens, len, |ids, len| {
+        let logits = self.graphs.run(
+            dev,
+            (slot, greedy),
+            key,
+            tokens,
+            len,
+            None,
+            |ids, len, _| {
                 let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
                 if let Some(scale) = self.embed_scale {
                     x = (x * scale)?;
@@ -382,7 +387,8 @@ impl Decoder {
                 tap(&taps, self.blocks.len(), &input, &mut tapped)?;
                 let hidden = self.tapped_rows(&taps, tapped)?;
                 Ok((self.head(input, last && t > 1, !greedy)?, hidden))
-            })?;
+            },
+        )?;
         let Some((logits, hidden)) = logits else {
             return Ok(None);
         };

@@ -69,6 +69,9 @@ struct Recording {
     out: Tensor,
     /// The step's second output, if it has one (the hidden states a cache records).
     aux: Option<Tensor>,
+    /// The step's input rows beside the ids, if it takes any (an EAGLE-3 head's features),
+    /// written before each replay.
+    input: Option<Tensor>,
     graph: Graph,
     /// Tokens a step takes.
     rows: usize,
@@ -177,7 +180,11 @@ impl Graphs {
     /// result is those ids: no logits are cast, copied or read outside the graph. `None` when
     /// graphs are off for this model (a recording failed once; the error is printed); the
     /// caller then takes its ordinary path. `step`'s second output (hidden states handed
-    /// out with the logits) is copied out of the replay the same way.
+    /// out with the logits) is copied out of the replay the same way. `input`: rows the step
+    /// reads beside the ids (an EAGLE-3 head's features), copied into the recording's own
+    /// buffer before each replay and handed to `step` as its third argument; the key must
+    /// tell its shapes apart.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         dev: &CudaDevice,
@@ -185,7 +192,8 @@ impl Graphs {
         key: Vec<u64>,
         ids: StepIds,
         len: u32,
-        step: impl Fn(&Tensor, &Tensor) -> Result<(Tensor, Option<Tensor>)>,
+        input: Option<&Tensor>,
+        step: impl Fn(&Tensor, &Tensor, Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)>,
     ) -> Result<Option<(Tensor, Option<Tensor>)>> {
         let mut inner = self.inner.lock().map_err(|_| poisoned())?;
         if inner.disabled {
@@ -205,6 +213,9 @@ impl Graphs {
             inner.recordings.push(hit);
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
             write_io(dev, &rec.io, ids, len)?;
+            if let (Some(buf), Some(rows)) = (&rec.input, input) {
+                buf.slice_set(rows, 0, 0)?;
+            }
             rec.graph.launch()?;
             // Copies: the next replay overwrites `out` and `aux`.
             let aux = rec.aux.as_ref().map(Tensor::copy).transpose()?;
@@ -219,11 +230,20 @@ impl Graphs {
         let io = Tensor::zeros(t + 1, DType::U32, &device)?;
         write_io(dev, &io, ids, len)?;
         let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, 1)?);
+        // The recording's own copy of the input rows (contiguous, at a fixed address).
+        let input = match input {
+            Some(rows) => {
+                let buf = rows.zeros_like()?;
+                buf.slice_set(rows, 0, 0)?;
+                Some(buf)
+            }
+            None => None,
+        };
         // Kernel parameters that candle uploads per launch (shapes and strides of strided
         // operands) come from a cache filled by the eager run, so the recording reads them
         // from device memory that outlives it.
         let _params = dev.enable_cuda_graph_htod_cache();
-        let (eager, eager_aux) = step(&ids, &len_t)?;
+        let (eager, eager_aux) = step(&ids, &len_t, input.as_ref())?;
         let aux = eager_aux.as_ref().map(Tensor::zeros_like).transpose()?;
         let (eager, out) = if greedy {
             let best = super::dense::argmax_on_device(&eager)?;
@@ -234,7 +254,7 @@ impl Graphs {
             (eager, out)
         };
         match record(dev, || {
-            let (logits, hidden) = step(&ids, &len_t)?;
+            let (logits, hidden) = step(&ids, &len_t, input.as_ref())?;
             if let (Some(aux), Some(hidden)) = (&aux, &hidden) {
                 aux.slice_set(hidden, 0, 0)?;
             }
@@ -256,6 +276,7 @@ impl Graphs {
                         io,
                         out,
                         aux,
+                        input,
                         graph,
                         rows: t,
                         generation,
