@@ -191,7 +191,7 @@ impl Eagle3Head {
     /// Returns the outputs `[t, hidden]` (what a later position is fed) and the draft-vocabulary
     /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`). On the CPU it
     /// runs on rayon's pool, as the decoder's forwards do ([`super::threads::on_cpu_pool`]);
-    /// on CUDA with graphs on, a step of at most [`super::GRAPH_MAX_ROWS`] pairs over a
+    /// on CUDA with graphs on, a step of at most [`super::transformer::GRAPH_MAX_ROWS`] pairs over a
     /// full-attention cache replays a recorded graph, as a decoder's step does.
     pub fn forward(
         &self,
@@ -228,7 +228,7 @@ impl Eagle3Head {
     /// [`Self::forward`] as a replayed CUDA graph (recorded on first use per row count,
     /// feature width and cache buffer): `None` sends the caller down the ordinary path
     /// (graphs off, a first forward, a tree open, a sliding-window head, quantized parts,
-    /// more than [`super::GRAPH_MAX_ROWS`] rows). The cache advances on success.
+    /// more than [`super::transformer::GRAPH_MAX_ROWS`] rows). The cache advances on success.
     #[cfg(feature = "cuda")]
     fn forward_graphed(
         &self,
@@ -245,7 +245,7 @@ impl Eagle3Head {
         let quantized = [&p.fc, &p.lm_head].iter().any(|l| l.is_quantized())
             || p.attn.is_quantized()
             || p.mlp.is_quantized();
-        if t > super::GRAPH_MAX_ROWS
+        if t > super::transformer::GRAPH_MAX_ROWS
             || cache.offset() == 0
             || !super::graphs::graphs_enabled()
             || quantized
@@ -270,7 +270,7 @@ impl Eagle3Head {
             features.dim(1)? as u64,
         ];
         let slot = 2 * t + usize::from(last && t > 1);
-        let tokens = super::DeviceTokens::from_argmax(ids.clone(), self.vocab_size()?);
+        let tokens = super::tokens::DeviceTokens::from_argmax(ids.clone(), self.vocab_size()?);
         let step = |ids: &Tensor, len: &Tensor, features: Option<&Tensor>| {
             let features =
                 features.ok_or_else(|| Error::invalid("eagle3: graph step without features"))?;
@@ -279,7 +279,7 @@ impl Eagle3Head {
             })?;
             Ok((logits, Some(out)))
         };
-        let ids = super::StepIds::Device(&tokens);
+        let ids = super::tokens::StepIds::Device(&tokens);
         let Some((logits, out)) =
             self.graphs
                 .run(dev, (slot, false), key, ids, len, Some(features), step)?
