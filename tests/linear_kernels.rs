@@ -449,3 +449,60 @@ fn sandwich_parts_match_the_formulas_and_each_row_alone() {
         }
     }
 }
+
+/// The row argmax that ends a greedy step (`specdec::nn::argmax_rows`: on CUDA one block per
+/// row, or, for rows of 16k ids or more, a row split over blocks whose last combines them)
+/// against the host's rule — the largest value, the first index on ties — on rows of several
+/// lengths with the maximum repeated across the split's 4,096-id chunks, rows of -inf and
+/// (on CUDA, where NaN never wins) NaN entries; f32 and bf16.
+#[test]
+fn row_argmax_takes_the_first_largest_value() {
+    let dev = device::device();
+    for n in [1000usize, 20_000, 262_151] {
+        for dtype in [DType::F32, DType::BF16] {
+            let rows = 5;
+            let mut x: Vec<f32> = values(rows * n, 51, 1.0);
+            for (r, row) in x.chunks_mut(n).enumerate() {
+                match r {
+                    // The maximum three times, the first in the row's last chunk but one.
+                    0 => {
+                        for &j in &[n - 5000.min(n - 1), n - 3, n / 2 + 4096 % n] {
+                            row[j.min(n - 1)] = 9.0;
+                        }
+                    }
+                    // Every entry -inf.
+                    1 => row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                    // The maximum at the very end.
+                    2 => row[n - 1] = 9.0,
+                    // NaN beside the maximum (CUDA only: candle's CPU argmax orders NaN
+                    // otherwise).
+                    3 if dev.is_cuda() => {
+                        row[0] = f32::NAN;
+                        row[n / 3] = 9.0;
+                        row[n / 3 + 1] = f32::NAN;
+                    }
+                    _ => row[n / 4] = 9.0,
+                }
+            }
+            let t = Tensor::from_vec(x, (rows, n), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let host_rows = host(&t);
+            let want: Vec<u32> = host_rows
+                .chunks(n)
+                .map(|row| {
+                    let mut best = (f32::NEG_INFINITY, None::<usize>);
+                    for (j, &v) in row.iter().enumerate() {
+                        if v > best.0 || (best.1.is_none() && v == best.0) {
+                            best = (v, Some(j));
+                        }
+                    }
+                    best.1.unwrap_or(0) as u32
+                })
+                .collect();
+            let got = specdec::nn::argmax_rows(&t).unwrap();
+            assert_eq!(got, want, "{dtype:?}, rows of {n}");
+        }
+    }
+}

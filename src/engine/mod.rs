@@ -83,6 +83,9 @@ pub struct EngineOptions {
     /// RMSNorms (Qwen3, Gemma 3) before RoPE (default on; off: two norm kernels and copies
     /// before it).
     pub qk_norm_fold: bool,
+    /// Row argmaxes of long rows (a vocabulary of 16k ids or more) spread each row over
+    /// several blocks (default on; off: one block a row). The same ids either way.
+    pub argmax_split: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -108,6 +111,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     ring_in_place: true,
     gelu_gate: true,
     qk_norm_fold: true,
+    argmax_split: true,
 };
 
 impl Default for EngineOptions {
@@ -217,7 +221,7 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 21);
+        assert_eq!(keys.len(), 22);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));

@@ -547,6 +547,13 @@ pub struct ArgmaxRows;
 
 /// Launches `argmax_rows_<dtype>` over the contiguous `[rows, n]` logits `(s, l)` into `out`
 /// (`rows` u32 values).
+/// Columns a block of the split argmax reads (`argmax_rows_split` in elementwise.cu), and the
+/// row length from which rows are split: one block per row read a 262k-entry row at ~10 GB/s.
+const ARGMAX_CHUNK: usize = 4096;
+const ARGMAX_SPLIT_MIN: usize = 4 * ARGMAX_CHUNK;
+/// Most rows of a split argmax (`ARGMAX_COUNTERS` in elementwise.cu: a count per row).
+const ARGMAX_COUNTERS: usize = 64;
+
 fn argmax_launch(
     s: &CudaStorage,
     l: &Layout,
@@ -560,10 +567,18 @@ fn argmax_launch(
         candle_core::bail!("argmax-rows: {rows} rows into {} ids", out.len());
     }
     let dev = s.device();
+    // Long rows over several blocks each (the engine option `argmax_split`): the same result.
+    let split =
+        crate::engine::get().argmax_split && n >= ARGMAX_SPLIT_MIN && rows <= ARGMAX_COUNTERS;
+    let kernel = if split {
+        "argmax_rows_split"
+    } else {
+        "argmax_rows"
+    };
     let (name, mut l) = match &s.slice {
-        CudaStorageSlice::F32(_) => ("f32", Launch::new(dev, "argmax_rows_f32")?),
-        CudaStorageSlice::BF16(_) => ("bf16", Launch::new(dev, "argmax_rows_bf16")?),
-        CudaStorageSlice::F16(_) => ("f16", Launch::new(dev, "argmax_rows_f16")?),
+        CudaStorageSlice::F32(_) => ("f32", Launch::new(dev, &format!("{kernel}_f32"))?),
+        CudaStorageSlice::BF16(_) => ("bf16", Launch::new(dev, &format!("{kernel}_bf16"))?),
+        CudaStorageSlice::F16(_) => ("f16", Launch::new(dev, &format!("{kernel}_f16"))?),
         _ => candle_core::bail!("argmax-rows: float logits (f32, bf16, f16) expected"),
     };
     match &s.slice {
@@ -573,6 +588,25 @@ fn argmax_launch(
         _ => candle_core::bail!("argmax-rows: {name} logits"),
     };
     l.ptr(out).val(n as i32);
+    if split {
+        let blocks = n.div_ceil(ARGMAX_CHUNK);
+        // SAFETY: each block writes its (value, index) pair before the row's last block
+        // reads them all.
+        let part = unsafe { super::op::out_alloc::<f32>(dev, rows * blocks * 2)? };
+        l.val(ARGMAX_CHUNK as i32).ptr(&part);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `argmax_rows_split`; block (b, i) reads columns
+        // [b * chunk, (b + 1) * chunk) of row i, writes pair (i, b) of `part` (rows × blocks
+        // pairs) and, last of its row, out[i]; rows ≤ ARGMAX_COUNTERS.
+        unsafe { l.run(cfg) }?;
+        // Scratch: freed after the launch, or kept to the end of a recording.
+        super::graph_edges::keep_scratch(part);
+        return Ok(rows);
+    }
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (1024, 1, 1),
