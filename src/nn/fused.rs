@@ -309,6 +309,28 @@ pub fn add_rmsnorm(
     weight: &Tensor,
     eps: f32,
 ) -> Result<Option<(Tensor, Tensor)>> {
+    match add_norm_kernel(x, y, weight, eps, false)? {
+        Some(out) => Ok(Some((out.get(0)?, out.get(1)?))),
+        None => Ok(None),
+    }
+}
+
+/// `x + rmsnorm(y) * weight` in one pass on CUDA for `x`, `y: [t, h]` (a sandwich block's
+/// post-norm and the residual add after it): the norm rounded to the dtype, then the sum,
+/// as the separate norm and add round them. `None` elsewhere.
+pub fn add_normed(x: &Tensor, y: &Tensor, weight: &Tensor, eps: f32) -> Result<Option<Tensor>> {
+    add_norm_kernel(x, y, weight, eps, true)
+}
+
+/// The kernel of [`add_rmsnorm`] (`[2, t, h]`: the sum, then its norm) or, with `post`, of
+/// [`add_normed`] (`[t, h]`), where the device and the shapes take it.
+fn add_norm_kernel(
+    x: &Tensor,
+    y: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+    post: bool,
+) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
         // A copy made by `contiguous` starts aligned; a contiguous view must already be.
@@ -316,32 +338,11 @@ pub fn add_rmsnorm(
         if !super::cuda::add_rmsnorm_applies(&x, &y) {
             return Ok(None);
         }
-        let op = super::cuda::AddRmsNorm { eps, post: false };
+        let op = super::cuda::AddRmsNorm { eps, post };
         let out = x.apply_op3_no_bwd(&y, &weight.contiguous()?, &op)?;
-        return Ok(Some((out.get(0)?, out.get(1)?)));
+        return Ok(Some(made(out)));
     }
-    let _ = (x, y, weight, eps);
-    Ok(None)
-}
-
-/// `x + rmsnorm(y) * weight` in one pass on CUDA for `x`, `y: [t, h]` (a sandwich block's
-/// post-norm and the residual add after it): the norm rounded to the dtype, then the sum,
-/// as the separate norm and add round them. `None` elsewhere.
-pub fn add_normed(x: &Tensor, y: &Tensor, weight: &Tensor, eps: f32) -> Result<Option<Tensor>> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() {
-        let (x, y) = (x.contiguous()?, y.contiguous()?);
-        if !super::cuda::add_rmsnorm_applies(&x, &y) {
-            return Ok(None);
-        }
-        let op = super::cuda::AddRmsNorm { eps, post: true };
-        return Ok(Some(made(x.apply_op3_no_bwd(
-            &y,
-            &weight.contiguous()?,
-            &op,
-        )?)));
-    }
-    let _ = (x, y, weight, eps);
+    let _ = (x, y, weight, eps, post);
     Ok(None)
 }
 

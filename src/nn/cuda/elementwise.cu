@@ -90,13 +90,35 @@ GATE_MUL(gelu_mul_f32, float, true)
 GATE_MUL(gelu_mul_bf16, __nv_bfloat16, true)
 GATE_MUL(gelu_mul_f16, __half, true)
 
+constexpr int NORM_VECS = 8;
+// Thread i's 16-byte vectors i, i + blockDim.x, ... (at most NORM_VECS, below nvec) of the
+// norm weight w, into wv.
+template <typename T>
+__device__ __forceinline__ void load_norm_weight(const T *__restrict__ w, int nvec,
+                                                 uint4 (&wv)[NORM_VECS]) {
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
+  }
+}
+// The sum of every thread's v over the block (each warp's, then the warps' in order), for
+// every thread. Once per kernel: its shared buffer is not reused.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float red[32];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int i = 0; i < (int)blockDim.x / 32; ++i) s += red[i];
+  return s;
+}
 // Residual add then RMSNorm of the sum, one block per row: s = x + y (rounded to T, as the
 // separate add would), out = s / sqrt(mean(s^2) + eps) * w. Writes s to out[0] and the norm
 // to out[1] of a [2, t, h] output. 16-byte vectors: thread i holds vectors i,
 // i + blockDim.x, ... (at most NORM_VECS of them) in registers; the norm's weights load
 // before `pdl_begin`. h is a multiple of the vector and rows start 16-byte aligned
 // (`AddRmsNorm` checks).
-constexpr int NORM_VECS = 8;
 template <typename T>
 __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
                             const T *__restrict__ w, T *__restrict__ out, int t, int h,
@@ -104,11 +126,7 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
   constexpr int VEC = 16 / sizeof(T);
   const int nvec = h / VEC;
   uint4 wv[NORM_VECS], sv[NORM_VECS];
-#pragma unroll
-  for (int k = 0; k < NORM_VECS; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
-  }
+  load_norm_weight(w, nvec, wv);
   pdl_begin();
   const long row = blockIdx.x;
   const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * h);
@@ -132,13 +150,7 @@ __device__ void add_rmsnorm(const T *__restrict__ x, const T *__restrict__ y,
       sr[i] = sv[k];
     }
   }
-  __shared__ float red[32];
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  ss = 0.f;
-  for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
-  const float scale = rsqrtf(ss / h + eps);
+  const float scale = rsqrtf(block_sum(ss) / h + eps);
 #pragma unroll
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
@@ -172,11 +184,7 @@ __device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
   constexpr int VEC = 16 / sizeof(T);
   const int nvec = h / VEC;
   uint4 wv[NORM_VECS], yv[NORM_VECS];
-#pragma unroll
-  for (int k = 0; k < NORM_VECS; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < nvec) wv[k] = reinterpret_cast<const uint4 *>(w)[i];
-  }
+  load_norm_weight(w, nvec, wv);
   pdl_begin();
   const long row = blockIdx.x;
   const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * h);
@@ -196,13 +204,7 @@ __device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
       }
     }
   }
-  __shared__ float red[32];
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  ss = 0.f;
-  for (int i = 0; i < (int)blockDim.x / 32; ++i) ss += red[i];
-  const float scale = rsqrtf(ss / h + eps);
+  const float scale = rsqrtf(block_sum(ss) / h + eps);
 #pragma unroll
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;

@@ -246,7 +246,7 @@ impl Graphs {
         let (eager, eager_aux) = step(&ids, &len_t, input.as_ref())?;
         let aux = eager_aux.as_ref().map(Tensor::zeros_like).transpose()?;
         let (eager, out) = if greedy {
-            let best = super::dense::argmax_on_device(&eager)?;
+            let best = super::argmax::argmax_on_device(&eager)?;
             let out = best.zeros_like()?;
             (best, out)
         } else {
@@ -259,7 +259,7 @@ impl Graphs {
                 aux.slice_set(hidden, 0, 0)?;
             }
             if greedy {
-                Ok(super::dense::argmax_into(&logits, &out)?)
+                Ok(super::argmax::argmax_into(&logits, &out)?)
             } else {
                 out.slice_set(&logits, 0, 0)?;
                 Ok(())

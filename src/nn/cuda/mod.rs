@@ -7,12 +7,14 @@
 //!   prefill chunks' causal softmax (f32),
 //!   RoPE with the K/V store at device-side positions;
 //! * [`dense`] — the row-wise products and elementwise steps: GEMV, SiLU·up, residual add +
-//!   RMSNorm, row argmax;
+//!   RMSNorm;
+//! * [`argmax`] — the row argmax that ends a greedy step;
 //! * [`graph`] — steps recorded as CUDA graphs and replayed, with [`graph_edges`] keeping
 //!   the programmatic edges between their kernels.
 #[macro_use]
 mod op;
 
+mod argmax;
 mod attention;
 mod dense;
 pub(crate) mod graph;
@@ -20,13 +22,14 @@ pub(crate) mod graph_edges;
 mod launch;
 mod prefill;
 
+pub use argmax::argmax_on_device;
 pub use attention::{
     fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RopeStore,
     SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, argmax_on_device, fold_applies, folds, gemv_applies, silu_gate_applies,
-    AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
+    add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm, Fold,
+    FoldedGemv, GateMul, Gemv,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
