@@ -214,7 +214,7 @@ impl Graphs {
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
             write_io(dev, &rec.io, ids, len)?;
             if let (Some(buf), Some(rows)) = (&rec.input, input) {
-                buf.slice_set(rows, 0, 0)?;
+                buf.slice_set(&rows.contiguous()?, 0, 0)?;
             }
             rec.graph.launch()?;
             // Copies: the next replay overwrites `out` and `aux`.
@@ -234,7 +234,7 @@ impl Graphs {
         let input = match input {
             Some(rows) => {
                 let buf = rows.zeros_like()?;
-                buf.slice_set(rows, 0, 0)?;
+                buf.slice_set(&rows.contiguous()?, 0, 0)?;
                 Some(buf)
             }
             None => None,
