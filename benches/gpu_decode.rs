@@ -324,6 +324,7 @@ fn main() {
             device: device.clone(),
             dtype: dtype(),
             quantized: false,
+            ..Default::default()
         };
         let model = Model::load(&dirs[0], &opts).expect("load");
         let mut cache = new_cache(&model);
@@ -366,6 +367,7 @@ fn main() {
             device: device.clone(),
             dtype: dtype(),
             quantized: false,
+            ..Default::default()
         };
         let model = Model::load(dir, &opts)
             .unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
@@ -490,6 +492,7 @@ fn trace(dir: &std::path::Path, device: &Device, n: usize) {
         device: device.clone(),
         dtype: dtype(),
         quantized: false,
+        ..Default::default()
     };
     let model =
         Model::load(dir, &opts).unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));

@@ -233,6 +233,7 @@ fn quantized_matches_dequantized(test: &str, file: &str, prompt: &[u32]) {
             device: device.clone(),
             dtype: specdec::models::DTypeChoice::F32,
             quantized: false,
+            ..Default::default()
         },
     );
     let quant = common::checkpoint::load_with(
@@ -241,6 +242,7 @@ fn quantized_matches_dequantized(test: &str, file: &str, prompt: &[u32]) {
             device,
             dtype: specdec::models::DTypeChoice::F32,
             quantized: true,
+            ..Default::default()
         },
     );
     assert!(quant.is_quantized() && !dense.is_quantized());
@@ -360,6 +362,7 @@ fn smollm2_block_rows_equal_one_token_steps() {
                 device: candle_core::Device::Cpu,
                 dtype: DTypeChoice::F32,
                 quantized,
+                ..Default::default()
             },
         );
         let mut cache = m.new_cache(RotatingStrategy::Staged).unwrap();

@@ -941,6 +941,7 @@ fn half_dtypes_run_on_the_cpu_close_to_f32() {
                 device: Device::Cpu,
                 dtype: choice,
                 quantized: false,
+                ..Default::default()
             },
         );
         assert_eq!(model.info().dtype, dtype);

@@ -39,6 +39,7 @@ fn gemma3_linear_rope_matches_transformers_past_2048_positions() {
         device: device::device(),
         dtype: DTypeChoice::F32,
         quantized: false,
+        ..Default::default()
     };
     // The RoPE tables live in the model: a fresh load for every path, so each one grows them.
     let load = || load_with(&dir, &options);

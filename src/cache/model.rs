@@ -286,6 +286,15 @@ impl ModelCache {
             .ok_or_else(|| CacheError::BadInput(format!("layer {i} of {n}")).into())
     }
 
+    /// Every layer, for a forward that appends to several at once (the ranks of a
+    /// tensor-parallel model, each its own run of layers). Refused after a failed commit.
+    pub fn layers_mut(&mut self) -> Result<&mut [LayerCache]> {
+        if self.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
+        Ok(&mut self.layers)
+    }
+
     /// For a forward that writes K/V itself (a replayed CUDA graph): when every layer can
     /// take a step of `t` tokens in place (an unbounded KV cache with a buffer, or a ring:
     /// see [`KvCache::reserve`], [`RotatingKvCache::reserve`]) and no tree

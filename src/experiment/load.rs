@@ -50,6 +50,7 @@ pub fn load_options(device: Device, dtype: DtypeChoice) -> LoadOptions {
         device,
         dtype,
         quantized: false,
+        ..Default::default()
     }
 }
 

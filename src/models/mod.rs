@@ -78,6 +78,14 @@ pub struct LoadOptions {
     /// Keep a GGUF file's block-quantized matrices quantized (candle's quantized matmul)
     /// instead of dequantizing them into the compute dtype; only for GGUF files.
     pub quantized: bool,
+    /// Ranks of a tensor-parallel split (1: the whole model on `device`). On CUDA rank `r`
+    /// runs on the GPU `r` places after `device`'s (NCCL between them); on the CPU every
+    /// rank is a thread (for tests and studies of the split). See [`crate::nn::shard`].
+    pub tensor_parallel: usize,
+    /// Random weights at the checkpoint's shapes from its `config.json` alone (see
+    /// [`Weights::random`]): for speed measurements at published shapes; nothing else is
+    /// read from the directory.
+    pub random_weights: bool,
 }
 
 impl Default for LoadOptions {
@@ -86,6 +94,8 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             dtype: DTypeChoice::Auto,
             quantized: false,
+            tensor_parallel: 1,
+            random_weights: false,
         }
     }
 }
@@ -131,25 +141,36 @@ impl Model {
         if opts.device.is_cpu() {
             crate::nn::pin_cpu_thread_count();
         }
-        let (arch, spec, weights, eos_token_ids) = if crate::gguf::is_gguf(path) {
-            gguf_parts(path, opts)?
-        } else if opts.quantized {
-            return Err(Error::invalid(format!(
-                "{}: quantized = true keeps a GGUF file's quantized matrices; this is not a GGUF file",
-                path.display()
-            )));
-        } else if path.is_dir() {
-            directory_parts(path, opts)?
-        } else {
-            let what = if path.exists() {
-                "neither a model directory nor a GGUF file"
-            } else {
-                "model directory or GGUF file not found"
-            };
-            let e = std::io::Error::new(std::io::ErrorKind::NotFound, what);
-            return Err(Error::io(path, e));
+        let (arch, spec, weights, eos_token_ids) = checkpoint_parts(path, opts)?;
+        let dtype = weights.dtype();
+        let decoder = match opts.tensor_parallel {
+            0 | 1 => Decoder::load(&spec, &weights)?,
+            world => {
+                if opts.quantized {
+                    return Err(Error::invalid(format!(
+                        "{}: tensor_parallel = {world} splits dense weights; quantized = true is not supported with it",
+                        path.display()
+                    )));
+                }
+                let devices = rank_devices(&opts.device, world)?;
+                let weights = std::sync::Mutex::new(Some(weights));
+                Decoder::load_parallel(&spec, &devices, |device| {
+                    // Rank 0 reuses the checkpoint opened above; the others open it on
+                    // their own device.
+                    if device.same_device(&opts.device) {
+                        if let Some(w) = weights.lock().ok().and_then(|mut w| w.take()) {
+                            return Ok(w);
+                        }
+                    }
+                    let opts = LoadOptions {
+                        device: device.clone(),
+                        ..opts.clone()
+                    };
+                    Ok(checkpoint_parts(path, &opts)?.2)
+                })
+                .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?
+            }
         };
-        let decoder = Decoder::load(&spec, &weights)?;
         let info = ModelInfo {
             arch,
             vocab_size: spec.vocab_size,
@@ -165,7 +186,7 @@ impl Model {
                 })
                 .max(),
             layer_kinds: spec.layers.clone(),
-            dtype: weights.dtype(),
+            dtype,
             param_count: decoder.param_count(),
         };
         Ok(Model {
@@ -236,6 +257,62 @@ impl crate::speculative::LanguageModel for Model {
     }
 }
 
+/// What the checkpoint at `path` (a directory or a GGUF file) loads into: architecture,
+/// spec, weights on `opts.device`, end-of-sequence ids.
+fn checkpoint_parts(
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<(String, DecoderSpec, Weights, Vec<u32>)> {
+    if crate::gguf::is_gguf(path) && !opts.random_weights {
+        gguf_parts(path, opts)
+    } else if opts.quantized {
+        Err(Error::invalid(format!(
+            "{}: quantized = true keeps a GGUF file's quantized matrices; this is not a GGUF file",
+            path.display()
+        )))
+    } else if path.is_dir() {
+        directory_parts(path, opts)
+    } else {
+        let what = if path.exists() {
+            "neither a model directory nor a GGUF file"
+        } else {
+            "model directory or GGUF file not found"
+        };
+        let e = std::io::Error::new(std::io::ErrorKind::NotFound, what);
+        Err(Error::io(path, e))
+    }
+}
+
+/// The device of each rank of a `world`-rank split whose rank 0 is on `device`: the CPU for
+/// every rank, or the GPUs from `device`'s on.
+fn rank_devices(device: &Device, world: usize) -> Result<Vec<Device>> {
+    match device {
+        Device::Cpu => Ok(vec![Device::Cpu; world]),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            let first = dev.cuda_stream().context().ordinal();
+            let count = candle_core::cuda_backend::cudarc::driver::CudaContext::device_count()
+                .map_err(|e| Error::invalid(format!("counting GPUs: {e}")))?
+                as usize;
+            if first + world > count {
+                return Err(Error::invalid(format!(
+                    "tensor_parallel = {world} needs GPUs {first}..{}; this machine has {count}",
+                    first + world - 1
+                )));
+            }
+            let mut devices = vec![device.clone()];
+            for ordinal in first + 1..first + world {
+                devices.push(crate::nn::open_cuda(ordinal)?);
+            }
+            Ok(devices)
+        }
+        other => Err(Error::invalid(format!(
+            "tensor_parallel runs on the CPU or on CUDA GPUs, not on {:?}",
+            other.location()
+        ))),
+    }
+}
+
 /// What a checkpoint directory loads into: architecture, spec, weights, end-of-sequence ids.
 fn directory_parts(
     dir: &Path,
@@ -243,6 +320,11 @@ fn directory_parts(
 ) -> Result<(String, DecoderSpec, Weights, Vec<u32>)> {
     let cfg = HfConfig::read(&dir.join("config.json"))?;
     let (arch, mut spec, text_cfg) = arch_spec(&cfg)?;
+    if opts.random_weights {
+        let dtype = resolve_dtype(opts, None, &text_cfg)?;
+        let eos = eos_token_ids(dir, &cfg, &text_cfg)?;
+        return Ok((arch, spec, Weights::random(&opts.device, dtype), eos));
+    }
     let weights = Weights::open(dir, &opts.device, DType::F32)?;
     if arch == "gemma3" {
         spec.prefix = multimodal_prefix(dir, &weights)?;

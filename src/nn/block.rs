@@ -6,6 +6,7 @@ use candle_core::Tensor;
 use super::attention::{Attention, AttnInput};
 use super::linear::RmsNorm;
 use super::mlp::GatedMlp;
+use super::shard::AllReduce;
 use super::{fused, profile};
 use crate::cache::LayerCache;
 use crate::error::Result;
@@ -90,6 +91,27 @@ impl Block {
         Ok(Input::Residual((x, h)))
     }
 
+    /// A tensor-parallel rank's block ([`super::shard`]): its attention and MLP outputs are
+    /// this rank's partial sums, added over the ranks by `reduce` before each residual add.
+    /// No residual add rides in a product here (every rank would add the stream); the
+    /// pre-norms still fold into the q/k/v and gate/up products where the device can, and
+    /// a sandwich block's post-norm runs with its add as one kernel.
+    pub(super) fn forward_sharded(
+        &self,
+        input: Input,
+        offset: usize,
+        cache: &mut LayerCache,
+        reduce: &dyn AllReduce,
+    ) -> Result<Input> {
+        let x = input.into_stream()?;
+        let h = (self.attn).forward(AttnInput::PreNormed(&x, &self.attn_norm), offset, cache)?;
+        let x = add_output(&x, &reduce.sum(&h)?, &self.attn_post_norm)?;
+        let h = self.mlp.forward_prenorm(&x, &self.mlp_norm)?;
+        let x = add_output(&x, &reduce.sum(&h)?, &self.mlp_post_norm)?;
+        profile::mark("norms, residual adds", &x)?;
+        Ok(Input::Stream(x))
+    }
+
     pub(super) fn param_count(&self) -> usize {
         let opt = |n: &Option<RmsNorm>| n.as_ref().map_or(0, RmsNorm::param_count);
         self.attn_norm.param_count()
@@ -116,6 +138,23 @@ impl Input {
         match self {
             Input::Embedded(x) | Input::Stream(x) | Input::Residual((x, _)) => x,
         }
+    }
+
+    /// The residual stream with any pending add made.
+    pub(super) fn into_stream(self) -> Result<Tensor> {
+        match self {
+            Input::Embedded(x) | Input::Stream(x) => Ok(x),
+            Input::Residual((x, h)) => Ok((x + h)?),
+        }
+    }
+}
+
+/// `x + post(h)` (`x + h` without a post-norm), the norm and add one kernel where the device
+/// has it.
+fn add_output(x: &Tensor, h: &Tensor, post: &Option<RmsNorm>) -> Result<Tensor> {
+    match post {
+        Some(norm) => norm.add_normed(x, h),
+        None => Ok((x + h)?),
     }
 }
 

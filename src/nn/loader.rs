@@ -8,15 +8,17 @@ use super::block::Block;
 use super::linear::{Linear, RmsNorm};
 use super::mlp::GatedMlp;
 use super::rope::Rope;
+use super::shard::{Cut, Shard};
 use super::spec::{DecoderSpec, LayerKind, NormLayout};
 use super::transformer::Decoder;
 use super::weights::Weights;
 use crate::error::Result;
 
-/// Loads the tensors of one model according to a spec.
+/// Loads the tensors of one model (or of one rank's part of it) according to a spec.
 struct Loader<'a> {
     spec: &'a DecoderSpec,
     weights: &'a Weights,
+    shard: Shard,
 }
 
 impl Loader<'_> {
@@ -39,7 +41,9 @@ impl Loader<'_> {
         Ok(RmsNorm::new(weight, self.spec.rms_norm_eps))
     }
 
-    /// `{base}.weight` `[out, inp]` (times `scale`) and, when `bias`, `{base}.bias` `[out]`.
+    /// `{base}.weight` `[out, inp]` (times `scale`) and, when `bias`, `{base}.bias` `[out]`;
+    /// of a split model, the rank's input columns (a row-parallel product: its outputs are
+    /// partial sums, so the bias is added by rank 0 alone).
     fn linear(
         &self,
         base: &str,
@@ -47,70 +51,69 @@ impl Loader<'_> {
         bias: bool,
         scale: f64,
     ) -> Result<Linear> {
-        let bias = if bias {
+        let bias = if bias && self.shard.rank == 0 {
             Some(self.tensor(&format!("{base}.bias"), &[out], scale)?)
         } else {
             None
         };
         let name = format!("{base}.weight");
-        if let Some(part) = self.weights.quantized_part(&name, &[out, inp], scale)? {
-            return Linear::quantized(vec![part], bias, self.weights.device());
+        if !self.shard.is_split() {
+            if let Some(part) = self.weights.quantized_part(&name, &[out, inp], scale)? {
+                return Linear::quantized(vec![part], bias, self.weights.device());
+            }
         }
-        let weight = self.tensor(&name, &[out, inp], scale)?;
+        let cut = self.shard.cut(1, inp);
+        let weight = self.weights.get_part(&name, &[out, inp], scale, cut)?;
         Ok(Linear::new(weight, bias))
     }
 
-    /// Projections `(base, out, scale)` over the same `inp` fused into one layer: their
+    /// Projections `(base, out, scale, rows)` over the same `inp` fused into one layer: their
     /// `{base}.weight` stacked by rows (and `{base}.bias` likewise when `bias`), loaded
-    /// without a concatenation copy (see [`Weights::get_stacked`]).
+    /// without a concatenation copy (see [`Weights::get_stacked`]); of a split model, each
+    /// projection's `rows` (the rank's part of a column-parallel product).
     fn stacked_linear(
         &self,
-        parts: &[(String, usize, f64)],
+        parts: &[(String, usize, f64, Option<Cut>)],
         inp: usize,
         bias: bool,
     ) -> Result<Linear> {
-        let names = |suffix: &str| -> Vec<String> {
+        let named = |suffix: &str| -> Vec<(String, usize, f64, Option<Cut>)> {
             parts
                 .iter()
-                .map(|(base, _, _)| format!("{base}.{suffix}"))
+                .map(|(base, out, scale, rows)| (format!("{base}.{suffix}"), *out, *scale, *rows))
                 .collect()
         };
-        let (weight_names, bias_names) = (names("weight"), names("bias"));
-        let quantized = parts
-            .iter()
-            .zip(&weight_names)
-            .map(|(&(_, out, scale), name)| self.weights.quantized_part(name, &[out, inp], scale))
-            .collect::<Result<Option<Vec<_>>>>()?;
-        let shapes: Vec<([usize; 2], [usize; 1])> = parts
-            .iter()
-            .map(|&(_, out, _)| ([out, inp], [out]))
-            .collect();
+        let (weights, biases) = (named("weight"), named("bias"));
+        let quantized = if self.shard.is_split() {
+            None
+        } else {
+            weights
+                .iter()
+                .map(|(name, out, scale, _)| {
+                    self.weights.quantized_part(name, &[*out, inp], *scale)
+                })
+                .collect::<Result<Option<Vec<_>>>>()?
+        };
+        let shapes: Vec<[usize; 2]> = parts.iter().map(|&(_, out, _, _)| [out, inp]).collect();
         let bias = if bias {
-            Some(
-                self.weights.get_stacked(
-                    &parts
-                        .iter()
-                        .zip(&bias_names)
-                        .zip(&shapes)
-                        .map(|(((_, _, scale), name), (_, b))| (name.as_str(), &b[..], *scale))
-                        .collect::<Vec<_>>(),
-                )?,
-            )
+            let parts: Vec<_> = biases
+                .iter()
+                .zip(&shapes)
+                .map(|((name, _, scale, rows), shape)| (name.as_str(), &shape[..1], *scale, *rows))
+                .collect();
+            Some(self.weights.get_stacked(&parts)?)
         } else {
             None
         };
         if let Some(quantized) = quantized {
             return Linear::quantized(quantized, bias, self.weights.device());
         }
-        let weight = self.weights.get_stacked(
-            &parts
-                .iter()
-                .zip(&weight_names)
-                .zip(&shapes)
-                .map(|(((_, _, scale), name), (w, _))| (name.as_str(), &w[..], *scale))
-                .collect::<Vec<_>>(),
-        )?;
-        Ok(Linear::new(weight, bias))
+        let parts: Vec<_> = weights
+            .iter()
+            .zip(&shapes)
+            .map(|((name, _, scale, rows), shape)| (name.as_str(), &shape[..], *scale, *rows))
+            .collect();
+        Ok(Linear::new(self.weights.get_stacked(&parts)?, bias))
     }
 
     fn attention(&self, i: usize, rope: Arc<Rope>) -> Result<Attention> {
@@ -124,11 +127,12 @@ impl Loader<'_> {
         let proj = |p: &str| self.name(i, &format!("self_attn.{p}_proj"));
         // The softmax scale rides on the q norm when there is one, else on q itself.
         let q_scale = if s.qk_norm { 1.0 } else { s.attn_scale };
+        let kv_rows = self.shard.kv_cut(kv, d);
         let qkv = self.stacked_linear(
             &[
-                (proj("q"), h * d, q_scale),
-                (proj("k"), kv * d, 1.0),
-                (proj("v"), kv * d, 1.0),
+                (proj("q"), h * d, q_scale, self.shard.cut(0, h * d)),
+                (proj("k"), kv * d, 1.0, kv_rows),
+                (proj("v"), kv * d, 1.0, kv_rows),
             ],
             hidden,
             s.qkv_bias,
@@ -145,7 +149,7 @@ impl Loader<'_> {
             o: self.linear(&proj("o"), (hidden, h * d), s.o_bias, 1.0)?,
             qk_norm,
             rope,
-            shape: s.heads,
+            shape: self.shard.heads(s.heads),
             softcap: s.attn_softcap,
         })
     }
@@ -157,7 +161,10 @@ impl Loader<'_> {
         let (hid, inter) = (s.hidden_size, s.intermediate_size);
         let mlp = GatedMlp::new(
             self.stacked_linear(
-                &[(mlp("gate"), inter, 1.0), (mlp("up"), inter, 1.0)],
+                &[
+                    (mlp("gate"), inter, 1.0, self.shard.cut(0, inter)),
+                    (mlp("up"), inter, 1.0, self.shard.cut(0, inter)),
+                ],
                 hid,
                 s.mlp_bias,
             )?,
@@ -190,8 +197,21 @@ impl Decoder {
     /// Loads every tensor `spec` names from `weights` (shapes checked, converted to the
     /// compute dtype) and precomputes the RoPE tables.
     pub fn load(spec: &DecoderSpec, weights: &Weights) -> Result<Self> {
+        Self::load_shard(spec, weights, Shard::WHOLE)
+    }
+
+    /// Rank `shard.rank`'s part of a model split over `shard.world` ranks (see
+    /// [`super::shard`]; the split checked by [`Shard::check`]): its heads, MLP columns and
+    /// the replicated embedding and norms. Ranks other than 0 compute no logits and load no
+    /// LM head. [`Decoder::load`] is the whole model.
+    pub(super) fn load_shard(spec: &DecoderSpec, weights: &Weights, shard: Shard) -> Result<Self> {
+        Shard::check(spec, shard.world)?;
         let (dtype, device) = (weights.dtype(), weights.device());
-        let loader = Loader { spec, weights };
+        let loader = Loader {
+            spec,
+            weights,
+            shard,
+        };
         let (vocab, hidden) = (spec.vocab_size, spec.hidden_size);
         let embed = weights.get(
             &format!("{}embed_tokens.weight", spec.prefix),
@@ -217,7 +237,8 @@ impl Decoder {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = loader.norm(&format!("{}norm.weight", spec.prefix), hidden, 1.0)?;
-        let lm_head = if spec.tie_embeddings {
+        // Ranks past 0 never run the head: the embedding stands in, loading nothing.
+        let lm_head = if spec.tie_embeddings || shard.rank > 0 {
             Linear::new(embed.clone(), None)
         } else {
             Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)
@@ -225,7 +246,7 @@ impl Decoder {
         let param_count = embed.elem_count()
             + blocks.iter().map(Block::param_count).sum::<usize>()
             + norm.param_count()
-            + if spec.tie_embeddings {
+            + if spec.tie_embeddings || shard.rank > 0 {
                 0
             } else {
                 lm_head.param_count()
@@ -242,6 +263,7 @@ impl Decoder {
             kinds: spec.layers.clone(),
             vocab_size: vocab,
             param_count,
+            parallel: None,
             #[cfg(feature = "cuda")]
             graphs: Default::default(),
         })

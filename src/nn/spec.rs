@@ -76,3 +76,33 @@ pub struct DecoderSpec {
     /// Name of the untied LM head tensor.
     pub lm_head: String,
 }
+
+impl DecoderSpec {
+    /// Parameters of the whole model this spec describes (tied embeddings counted once): what
+    /// a tensor-parallel model reports, whose ranks each hold a part (and copies of the
+    /// embedding and norms).
+    pub fn param_count(&self) -> usize {
+        let (hidden, inter) = (self.hidden_size, self.intermediate_size);
+        let HeadShape {
+            num_heads: h,
+            num_kv_heads: kv,
+            head_dim: d,
+        } = self.heads;
+        let qkv = (h + 2 * kv) * d;
+        let attention = qkv * hidden
+            + usize::from(self.qkv_bias) * qkv
+            + hidden * h * d
+            + usize::from(self.o_bias) * hidden
+            + usize::from(self.qk_norm) * 2 * d;
+        let mlp = 3 * inter * hidden + usize::from(self.mlp_bias) * (2 * inter + hidden);
+        let norms = match self.norm_layout {
+            NormLayout::PreNorm => 2,
+            NormLayout::Sandwich => 4,
+        } * hidden;
+        let embed = self.vocab_size * hidden;
+        embed
+            + self.layers.len() * (attention + mlp + norms)
+            + hidden
+            + usize::from(!self.tie_embeddings) * embed
+    }
+}

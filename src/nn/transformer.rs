@@ -1,11 +1,14 @@
 //! The decoder-only transformer every supported architecture instantiates: embeddings,
 //! blocks of attention + gated MLP with pre-norms (and Gemma's post-norms), final norm, LM head
 //! (loaded by `loader.rs`; a block in `block.rs`).
+use std::sync::Arc;
+
 use candle_core::{DType, Tensor};
 
 use super::block::{Block, Input};
 use super::linear::{Linear, RmsNorm};
 use super::profile;
+use super::shard::{AllReduce, Shard};
 use super::spec::LayerKind;
 use super::tokens::{DeviceTokens, StepIds};
 use crate::cache::{
@@ -31,6 +34,9 @@ pub struct Decoder {
     pub(super) kinds: Vec<LayerKind>,
     pub(super) vocab_size: usize,
     pub(super) param_count: usize,
+    /// This rank's part in a tensor-parallel group, and rank 0's peers (`None`: the whole
+    /// model on one device; see [`super::parallel`]).
+    pub(super) parallel: Option<Box<Parallel>>,
     /// Recorded decode steps (CUDA only).
     #[cfg(feature = "cuda")]
     pub(super) graphs: super::cuda::graph::Graphs,
@@ -95,11 +101,12 @@ impl Decoder {
         &self.kinds
     }
 
-    /// Empty caches: a [`KvCache`] per full layer, a [`RotatingKvCache`] per sliding one.
+    /// Empty caches: a [`KvCache`] per full layer, a [`RotatingKvCache`] per sliding one;
+    /// of a tensor-parallel model, one such set per rank, rank after rank (each rank caches
+    /// its own KV heads), so every transaction of the [`ModelCache`] spans every rank.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
-        let layers = self
-            .kinds
-            .iter()
+        let layers = std::iter::repeat_n(&self.kinds, self.ranks())
+            .flatten()
             .map(|kind| match *kind {
                 LayerKind::Full => Ok(LayerCache::Kv(KvCache::new(DEFAULT_STEP))),
                 LayerKind::Sliding { window } => Ok(LayerCache::Rotating(RotatingKvCache::new(
@@ -174,9 +181,15 @@ impl Decoder {
         self.on_pool_if_cpu(|| self.forward_rows(ids, cache, last))
     }
 
-    /// `f` on rayon's pool where the model runs on the CPU, else directly.
+    /// Ranks the model is split over (1: not split).
+    pub fn ranks(&self) -> usize {
+        self.parallel.as_ref().map_or(1, |p| p.world())
+    }
+
+    /// `f` on rayon's pool where the model runs on the CPU, else directly (a split model's
+    /// ranks run on pools of their own: see [`super::parallel`]).
     fn on_pool_if_cpu<R: Send>(&self, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-        if self.embed.device().is_cpu() {
+        if self.embed.device().is_cpu() && self.parallel.is_none() {
             super::threads::on_cpu_pool(f)
         } else {
             f()
@@ -198,6 +211,9 @@ impl Decoder {
         cache: &mut ModelCache,
         last: bool,
     ) -> Result<Tensor> {
+        if let Some(parallel) = &self.parallel {
+            return self.forward_parallel(parallel, tokens, cache, last);
+        }
         #[cfg(feature = "cuda")]
         if let Some(logits) = self.forward_graphed(tokens, cache, last, false)? {
             return Ok(logits);
@@ -226,7 +242,7 @@ impl Decoder {
 
     /// The hidden states `taps` asks for, from the streams `tapped` kept, concatenated in
     /// the order asked (a layer asked twice given twice): `[t, taps × hidden]`.
-    fn tapped_rows(
+    pub(super) fn tapped_rows(
         &self,
         taps: &Option<Vec<usize>>,
         tapped: Vec<(usize, Tensor)>,
@@ -251,7 +267,7 @@ impl Decoder {
     /// Last residual add, final norm, LM head (of the last row only when `last`), softcap:
     /// `[t, hidden]` -> logits `[t or 1, vocab]`, f32 unless `!f32` (then in the model's
     /// dtype: an argmax needs no cast, which is exact).
-    fn head(&self, input: Input, last: bool, f32: bool) -> Result<Tensor> {
+    pub(super) fn head(&self, input: Input, last: bool, f32: bool) -> Result<Tensor> {
         let rows = |x: &Tensor| -> Result<Tensor> {
             let t = x.dim(0)?;
             Ok(if last {
@@ -306,7 +322,12 @@ impl Decoder {
         // after earlier use still has its buffers, so graphing it there would give a short
         // prompt other (half-precision) logits than on a fresh cache (docs/kernel-notes.md,
         // "Short prefills").
-        if t > GRAPH_MAX_ROWS || cache.offset() == 0 || !super::graphs::graphs_enabled() {
+        // A split model's ranks run the ordinary path (their collectives are not recorded).
+        if t > GRAPH_MAX_ROWS
+            || cache.offset() == 0
+            || !super::graphs::graphs_enabled()
+            || self.parallel.is_some()
+        {
             return Ok(None);
         }
         // Recorded steps read dense weights (quantized layers run candle's quantized matmul).
@@ -424,14 +445,15 @@ impl Decoder {
                 }
             }
         }
-        if cache.num_layers() != self.kinds.len() {
+        let layers = self.kinds.len() * self.ranks();
+        if cache.num_layers() != layers {
             return Err(Error::invalid(format!(
-                "cache has {} layers but the model has {}; build it with new_cache",
+                "cache has {} layers but the model has {layers}; build it with new_cache",
                 cache.num_layers(),
-                self.kinds.len()
             )));
         }
-        for (i, (layer, kind)) in cache.layers().iter().zip(&self.kinds).enumerate() {
+        let kinds = self.kinds.iter().cycle();
+        for (i, (layer, kind)) in cache.layers().iter().zip(kinds).enumerate() {
             let fits = match (layer, kind) {
                 (LayerCache::Kv(_), LayerKind::Full) => true,
                 (LayerCache::Rotating(c), LayerKind::Sliding { window }) => c.window() == *window,
@@ -449,7 +471,7 @@ impl Decoder {
 
 /// Keeps the residual stream entering layer `i` (`input`, its pending add made) when `taps`
 /// asks for it.
-fn tap(
+pub(super) fn tap(
     taps: &Option<Vec<usize>>,
     i: usize,
     input: &Input,
@@ -463,4 +485,61 @@ fn tap(
         tapped.push((i, x));
     }
     Ok(())
+}
+
+/// One rank's place in a tensor-parallel group (the forwards are in `parallel.rs`).
+pub(super) struct Parallel {
+    shard: Shard,
+    reduce: Arc<dyn AllReduce>,
+    /// Rank 0 only: ranks `1..world`, in order.
+    peers: Vec<Decoder>,
+    /// CPU ranks (rank 0 only): one rayon pool per rank, rank order.
+    pools: Vec<rayon::ThreadPool>,
+}
+
+impl std::fmt::Debug for Parallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parallel")
+            .field("shard", &self.shard)
+            .field("peers", &self.peers.len())
+            .finish()
+    }
+}
+
+impl Parallel {
+    /// Rank `shard.rank`'s place, summing with `reduce`.
+    pub(super) fn new(shard: Shard, reduce: Arc<dyn AllReduce>) -> Self {
+        Self {
+            shard,
+            reduce,
+            peers: Vec::new(),
+            pools: Vec::new(),
+        }
+    }
+
+    /// Makes this (rank 0) lead `peers` (ranks `1..`), CPU ranks on `pools` (rank order).
+    pub(super) fn lead(&mut self, peers: Vec<Decoder>, pools: Vec<rayon::ThreadPool>) {
+        self.peers = peers;
+        self.pools = pools;
+    }
+
+    /// Ranks in the group.
+    pub(super) fn world(&self) -> usize {
+        self.shard.world
+    }
+
+    /// This rank's all-reduce.
+    pub(super) fn reduce(&self) -> &dyn AllReduce {
+        self.reduce.as_ref()
+    }
+
+    /// Ranks `1..world` (rank 0's; empty on the others).
+    pub(super) fn peers(&self) -> &[Decoder] {
+        &self.peers
+    }
+
+    /// The rayon pool of CPU rank `rank`, if the ranks run on the CPU.
+    pub(super) fn pool(&self, rank: usize) -> Option<&rayon::ThreadPool> {
+        self.pools.get(rank)
+    }
 }

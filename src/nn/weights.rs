@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use super::shard::Cut;
 use crate::error::{Error, Result};
 use crate::gguf::GgufTensors;
 
@@ -25,6 +26,8 @@ pub struct Weights {
     gguf: Option<GgufTensors>,
     /// Keep a GGUF file's block-quantized matrices quantized ([`Weights::quantized_part`]).
     keep_quantized: bool,
+    /// Random weights of every shape asked, no file behind them ([`Weights::random`]).
+    random: bool,
     device: Device,
     dtype: DType,
 }
@@ -80,9 +83,26 @@ impl Weights {
             index,
             gguf: None,
             keep_quantized: false,
+            random: false,
             device: device.clone(),
             dtype,
         })
+    }
+
+    /// Random weights for speed measurements at a published shape without its checkpoint
+    /// (a config alone): every matrix drawn from N(0, 0.02²) on the device, every vector
+    /// (norm weights, biases) ones. Only the parts a rank asks for are drawn, so a model
+    /// larger than one device's memory can be built shard by shard.
+    pub fn random(device: &Device, dtype: DType) -> Self {
+        Self {
+            files: Vec::new(),
+            index: HashMap::new(),
+            gguf: None,
+            keep_quantized: false,
+            random: true,
+            device: device.clone(),
+            dtype,
+        }
     }
 
     /// The tensors of a GGUF file, dequantized to f32 on load and then converted to `dtype`.
@@ -92,6 +112,7 @@ impl Weights {
             index: HashMap::new(),
             gguf: Some(tensors),
             keep_quantized: false,
+            random: false,
             device: device.clone(),
             dtype,
         }
@@ -153,6 +174,9 @@ impl Weights {
 
     /// True when the checkpoint holds tensor `name`.
     pub fn contains(&self, name: &str) -> bool {
+        if self.random {
+            return true;
+        }
         match &self.gguf {
             Some(g) => g.contains(name),
             None => self.index.contains_key(name),
@@ -189,7 +213,22 @@ impl Weights {
     /// Loads tensor `name`, checking that its shape is `shape`, converted to the compute
     /// dtype on the device. Errors name the file, the tensor and both shapes.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let tensor = self.load(name, shape, self.dtype)?;
+        self.get_part(name, shape, 1.0, None)
+    }
+
+    /// [`Weights::get_scaled`] of the part `cut` of tensor `name` (its whole `shape` checked):
+    /// what one rank of a tensor-parallel model loads. `None` loads it whole.
+    pub fn get_part(
+        &self,
+        name: &str,
+        shape: &[usize],
+        scale: f64,
+        cut: Option<Cut>,
+    ) -> Result<Tensor> {
+        if scale != 1.0 {
+            return self.get_mapped_part(name, shape, cut, |t| t * scale);
+        }
+        let tensor = self.load(name, shape, self.dtype, cut)?;
         Ok(tensor.to_dtype(self.dtype)?)
     }
 
@@ -201,47 +240,63 @@ impl Weights {
         shape: &[usize],
         map: impl FnOnce(Tensor) -> candle_core::Result<Tensor>,
     ) -> Result<Tensor> {
-        let tensor = self.load(name, shape, DType::F32)?.to_dtype(DType::F32)?;
+        self.get_mapped_part(name, shape, None, map)
+    }
+
+    /// [`Weights::get_mapped`] of the part `cut` (see [`Weights::get_part`]).
+    pub fn get_mapped_part(
+        &self,
+        name: &str,
+        shape: &[usize],
+        cut: Option<Cut>,
+        map: impl FnOnce(Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<Tensor> {
+        let tensor = self
+            .load(name, shape, DType::F32, cut)?
+            .to_dtype(DType::F32)?;
         Ok(map(tensor)?.to_dtype(self.dtype)?)
     }
 
     /// [`Weights::get`] times `scale` (applied in f32 when it is not 1).
     pub fn get_scaled(&self, name: &str, shape: &[usize], scale: f64) -> Result<Tensor> {
-        if scale == 1.0 {
-            self.get(name, shape)
-        } else {
-            self.get_mapped(name, shape, |t| t * scale)
-        }
+        self.get_part(name, shape, scale, None)
     }
 
-    /// Tensors `parts` (`(name, shape, scale)`, all with the same trailing dimensions) stacked
+    /// Tensors `parts` (`(name, shape, scale, rows)`, all with the same trailing dimensions),
+    /// each cut to its `rows` (a tensor-parallel rank's part; `None`: whole), stacked
     /// along dim 0, each multiplied by its scale, in the compute dtype: how fused projections
     /// (q/k/v, gate/up) are loaded. For f32 on the CPU every part is converted straight from
     /// the mapping into one buffer (one pass, no per-part tensor, no concatenation copy);
     /// otherwise the parts are loaded and concatenated.
-    pub fn get_stacked(&self, parts: &[(&str, &[usize], f64)]) -> Result<Tensor> {
-        let Some(&(_, first, _)) = parts.first() else {
+    pub fn get_stacked(&self, parts: &[(&str, &[usize], f64, Option<Cut>)]) -> Result<Tensor> {
+        let Some(&(_, first, _, _)) = parts.first() else {
             return Err(Error::invalid("no tensors to stack"));
         };
-        if !(self.device.is_cpu() && self.dtype == DType::F32 && self.gguf.is_none()) {
-            let loaded = parts
-                .iter()
-                .map(|&(name, shape, scale)| self.get_scaled(name, shape, scale))
-                .collect::<Result<Vec<_>>>()?;
-            return Ok(Tensor::cat(&loaded, 0)?);
-        }
-        let rows: usize = parts.iter().map(|(_, shape, _)| shape[0]).sum();
-        let mut shape = first.to_vec();
-        shape[0] = rows;
-        let mut values: Vec<f32> = Vec::with_capacity(shape.iter().product());
-        for &(name, part_shape, scale) in parts {
+        for &(name, part_shape, _, _) in parts {
             if part_shape[1..] != first[1..] {
                 return Err(Error::invalid(format!(
                     "tensor `{name}`: shape {part_shape:?} cannot be stacked with {first:?}"
                 )));
             }
+        }
+        if !(self.device.is_cpu() && self.dtype == DType::F32 && self.gguf.is_none()) || self.random
+        {
+            let loaded = parts
+                .iter()
+                .map(|&(name, shape, scale, rows)| self.get_part(name, shape, scale, rows))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Tensor::cat(&loaded, 0)?);
+        }
+        let mut shape = first.to_vec();
+        shape[0] = parts
+            .iter()
+            .map(|(_, s, _, rows)| rows.map_or(s[0], |c| c.len))
+            .sum();
+        let mut values: Vec<f32> = Vec::with_capacity(shape.iter().product());
+        for &(name, part_shape, scale, rows) in parts {
             self.with_bytes(name, part_shape, |_, data, stored| {
-                extend_f32(&mut values, data, stored, scale as f32);
+                let data = cut_bytes(data, part_shape, stored.size_in_bytes(), rows);
+                extend_f32(&mut values, &data.0, stored, scale as f32);
                 Ok(())
             })?;
         }
@@ -278,21 +333,76 @@ impl Weights {
         f(path, view.data(), stored)
     }
 
-    /// Tensor `name` on the device: widened straight to f32 on the CPU when `want` is f32,
-    /// else in its stored dtype.
-    fn load(&self, name: &str, shape: &[usize], want: DType) -> Result<Tensor> {
+    /// Tensor `name` (checked to have `shape`), or its part `cut`, on the device: widened
+    /// straight to f32 on the CPU when `want` is f32, else in its stored dtype.
+    fn load(&self, name: &str, shape: &[usize], want: DType, cut: Option<Cut>) -> Result<Tensor> {
+        if let Some(c) = cut {
+            if shape.len() > 2 || c.dim >= shape.len() || c.start + c.len > shape[c.dim] {
+                return Err(Error::invalid(format!(
+                    "tensor `{name}` of shape {shape:?}: cannot take {c:?}"
+                )));
+            }
+        }
+        if self.random {
+            let (kept, _) = cut_shape(shape, cut);
+            let t = match kept.len() {
+                1 => Tensor::ones(kept, DType::F32, &self.device)?,
+                _ => Tensor::randn(0f32, 0.02, kept, &self.device)?,
+            };
+            return Ok(t);
+        }
         if let Some(gguf) = &self.gguf {
-            return Ok(gguf.dequantize(name, shape)?.to_device(&self.device)?);
+            let mut t = gguf.dequantize(name, shape)?;
+            if let Some(c) = cut {
+                t = t.narrow(c.dim, c.start, c.len)?.contiguous()?;
+            }
+            return Ok(t.to_device(&self.device)?);
         }
         self.with_bytes(name, shape, |path, data, stored| {
             let bad = |e: candle_core::Error| {
                 Error::invalid(format!("{}: tensor `{name}`: {e}", path.display()))
             };
+            let (data, shape) = cut_bytes(data, shape, stored.size_in_bytes(), cut);
             if self.device.is_cpu() && want == DType::F32 && stored != DType::F32 {
-                return widen_to_f32(data, stored, shape).map_err(bad);
+                return widen_to_f32(&data, stored, &shape).map_err(bad);
             }
-            Tensor::from_raw_buffer(data, stored, shape, &self.device).map_err(bad)
+            Tensor::from_raw_buffer(&data, stored, &shape, &self.device).map_err(bad)
         })
+    }
+}
+
+/// The shape of the part `cut` of a `shape` tensor, and the elements in one row of `shape`
+/// (its trailing dimension for a matrix, 1 for a vector).
+fn cut_shape(shape: &[usize], cut: Option<Cut>) -> (Vec<usize>, usize) {
+    let mut kept = shape.to_vec();
+    if let Some(c) = cut {
+        kept[c.dim] = c.len;
+    }
+    (kept, shape.get(1).copied().unwrap_or(1))
+}
+
+/// The bytes of the part `cut` of a row-major `shape` tensor (`esize`-byte elements, at
+/// most two dimensions) and its shape: a row range is a sub-slice of the mapping, a column
+/// range gathers each row's part.
+fn cut_bytes<'a>(
+    data: &'a [u8],
+    shape: &[usize],
+    esize: usize,
+    cut: Option<Cut>,
+) -> (std::borrow::Cow<'a, [u8]>, Vec<usize>) {
+    let (kept, cols) = cut_shape(shape, cut);
+    let row = cols * esize;
+    match cut {
+        None => (data.into(), kept),
+        Some(Cut { dim: 0, start, len }) => (data[start * row..(start + len) * row].into(), kept),
+        Some(Cut { start, len, .. }) => {
+            let gathered = data
+                .chunks_exact(row)
+                .flat_map(|r| &r[start * esize..(start + len) * esize])
+                .copied()
+                .collect::<Vec<u8>>();
+            (gathered.into(), kept)
+        }
     }
 }
 

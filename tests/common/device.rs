@@ -52,6 +52,7 @@ pub fn load_options() -> specdec::models::LoadOptions {
         device: device(),
         dtype: dtype_choice(),
         quantized: false,
+        ..Default::default()
     }
 }
 

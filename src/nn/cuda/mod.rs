@@ -20,6 +20,7 @@ mod dense;
 pub(crate) mod graph;
 pub(crate) mod graph_edges;
 mod launch;
+pub(crate) mod nccl;
 mod prefill;
 
 pub use argmax::argmax_on_device;

@@ -1,0 +1,124 @@
+//! The all-reduce of a tensor-parallel group on CUDA: NCCL (loaded at run time: a machine
+//! without `libnccl.so.2` gets an error naming it when a split model loads, not a link
+//! failure). One communicator per rank, made together for every GPU of the group
+//! (`ncclCommInitAll`), each on its device's one stream, so a reduction is ordered after the
+//! kernels that wrote its input with no synchronisation on the host.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, ReduceOp};
+use candle_core::cuda_backend::cudarc::nccl::sys as nccl_sys;
+use candle_core::cuda_backend::CudaStorage;
+use candle_core::{CustomOp1, DType, Device, Layout, Shape, Tensor};
+
+use crate::error::{Error, Result};
+use crate::nn::shard::AllReduce;
+
+/// Rank `comm.rank()`'s end of an NCCL group.
+#[derive(Debug)]
+struct NcclReduce {
+    comm: Comm,
+    aborted: AtomicBool,
+}
+
+// SAFETY: a communicator is used by one thread at a time: its rank's forward (ranks run one
+// thread each, and a forward runs to its end before the next begins); NCCL allows calls on
+// one communicator from different threads when they do not overlap.
+unsafe impl Send for NcclReduce {}
+unsafe impl Sync for NcclReduce {}
+
+/// One all-reduce handle per rank, rank `i` on `devices[i]` (each a separate GPU).
+pub(crate) fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
+    // SAFETY: only probes whether the library loads.
+    if !unsafe { nccl_sys::is_culib_present() } {
+        return Err(Error::invalid(
+            "tensor_parallel on CUDA needs NCCL: libnccl.so.2 was not found (install \
+             nvidia-nccl-cu13 and put its lib folder on LD_LIBRARY_PATH)",
+        ));
+    }
+    let mut streams = Vec::with_capacity(devices.len());
+    let mut ordinals = Vec::with_capacity(devices.len());
+    for d in devices {
+        let Device::Cuda(dev) = d else {
+            return Err(Error::invalid(
+                "tensor_parallel mixes CUDA and other devices",
+            ));
+        };
+        let stream = dev.cuda_stream();
+        let ordinal = stream.context().ordinal();
+        if ordinals.contains(&ordinal) {
+            return Err(Error::invalid(format!(
+                "tensor_parallel: GPU {ordinal} given to two ranks; each rank needs its own GPU"
+            )));
+        }
+        ordinals.push(ordinal);
+        streams.push(stream);
+    }
+    let comms = Comm::from_devices(streams)
+        .map_err(|e| Error::invalid(format!("NCCL could not start on GPUs {ordinals:?}: {e:?}")))?;
+    Ok(comms
+        .into_iter()
+        .map(|comm| {
+            Arc::new(NcclReduce {
+                comm,
+                aborted: AtomicBool::new(false),
+            }) as Arc<dyn AllReduce>
+        })
+        .collect())
+}
+
+impl AllReduce for NcclReduce {
+    fn sum(&self, x: &Tensor) -> Result<Tensor> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                "tensor-parallel group broken: a rank failed part-way through a forward",
+            ));
+        }
+        Ok(x.contiguous()?.apply_op1_no_bwd(self)?)
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+    }
+}
+
+impl CustomOp1 for NcclReduce {
+    fn name(&self) -> &'static str {
+        "nccl-all-reduce"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+        candle_core::bail!("the NCCL all-reduce runs on CUDA tensors only")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (start, end) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("all-reduce of a strided tensor".into()))?;
+        let dev = s.device().clone();
+        let fail = |e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}"));
+        macro_rules! reduce {
+            ($t:ty) => {{
+                let src = s.as_cuda_slice::<$t>()?.slice(start..end);
+                // SAFETY: every element is written by the all-reduce before any read.
+                let mut dst = unsafe { dev.alloc::<$t>(end - start)? };
+                self.comm
+                    .all_reduce(&src, &mut dst, &ReduceOp::Sum)
+                    .map_err(fail)?;
+                CudaStorage::wrap_cuda_slice(dst, dev)
+            }};
+        }
+        let out = match s.dtype() {
+            DType::BF16 => reduce!(half::bf16),
+            DType::F16 => reduce!(half::f16),
+            DType::F32 => reduce!(f32),
+            other => candle_core::bail!("NCCL all-reduce of {other:?}"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+}

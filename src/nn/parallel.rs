@@ -1,0 +1,222 @@
+//! A tensor-parallel decoder (see [`super::shard`] for the split): rank 0's [`Decoder`] holds
+//! the other ranks and runs every forward on all of them at once, one thread per rank, each
+//! on its own device with its own run of the [`ModelCache`]'s layers.
+//!
+//! The ranks share one [`ModelCache`] (rank after rank: [`Decoder::new_cache`]), so a
+//! speculation's commit, rollback, snapshot or restore reaches every rank's caches in the same
+//! transaction or poisons the whole cache; a forward refuses a cache whose ranks' layers
+//! stand at different offsets. Every rank takes the same tokens, so their greedy decisions
+//! agree by construction: rank 0 alone computes logits.
+//!
+//! The CPU runs ranks as threads (for tests and studies of the split, not for speed), each on
+//! a rayon pool of its own: rank threads blocked in an all-reduce must not hold the threads
+//! the other ranks' kernels need. CUDA ranks run on one GPU each with NCCL's all-reduce.
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::block::Input;
+use super::shard::{AllReduce, HostGroup, Shard};
+use super::spec::DecoderSpec;
+use super::tokens::StepIds;
+use super::transformer::{tap, Decoder, Parallel};
+use super::weights::Weights;
+use crate::cache::{LayerCache, ModelCache};
+use crate::error::{Error, Result};
+
+/// What one rank's forward hands back: rank 0's logits and tapped hidden states.
+type RankOutput = (Option<Tensor>, Option<Tensor>);
+
+impl Decoder {
+    /// `spec` split over one rank per device of `devices` (rank order; all CPU, or all
+    /// CUDA): each rank's weights from `weights_on(its device)`, its part cut at load
+    /// ([`Weights::get_part`]), the ranks loaded concurrently. Refused when the ranks do not
+    /// divide the heads or the MLP, or the devices cannot form a group.
+    pub fn load_parallel(
+        spec: &DecoderSpec,
+        devices: &[Device],
+        weights_on: impl Fn(&Device) -> Result<Weights> + Sync,
+    ) -> Result<Decoder> {
+        let world = devices.len();
+        Shard::check(spec, world)?;
+        let reducers = group(devices)?;
+        let loaded: Vec<Result<Decoder>> = std::thread::scope(|s| {
+            let ranks: Vec<_> = devices
+                .iter()
+                .enumerate()
+                .map(|(rank, device)| {
+                    let weights_on = &weights_on;
+                    s.spawn(move || {
+                        let weights = weights_on(device)?;
+                        Decoder::load_shard(spec, &weights, Shard { rank, world })
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(join).collect()
+        });
+        let mut ranks = Vec::with_capacity(world);
+        for (rank, (decoder, reduce)) in loaded.into_iter().zip(reducers).enumerate() {
+            let mut decoder = decoder?;
+            decoder.parallel = Some(Box::new(Parallel::new(Shard { rank, world }, reduce)));
+            ranks.push(decoder);
+        }
+        let pools = match devices.first() {
+            Some(Device::Cpu) => cpu_pools(world)?,
+            _ => Vec::new(),
+        };
+        let mut ranks = ranks.into_iter();
+        let mut first = ranks.next().ok_or_else(|| Error::invalid("no ranks"))?;
+        if let Some(p) = first.parallel.as_mut() {
+            p.lead(ranks.collect(), pools);
+        }
+        first.param_count = spec.param_count();
+        Ok(first)
+    }
+
+    /// A forward on every rank at once (rank 0 here, the others on threads of their own),
+    /// each over its run of the cache's layers; rank 0's logits. A rank that fails breaks
+    /// the group ([`AllReduce::abort`]): the others stop at their next reduction.
+    pub(super) fn forward_parallel(
+        &self,
+        parallel: &Parallel,
+        ids: StepIds,
+        cache: &mut ModelCache,
+        last: bool,
+    ) -> Result<Tensor> {
+        let offset = cache.offset();
+        let taps = cache.hidden_layers().map(<[usize]>::to_vec);
+        let n = self.blocks.len();
+        let layers = cache.layers_mut()?;
+        if let Some((i, l)) = layers
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.offset() != offset)
+        {
+            return Err(Error::invalid(format!(
+                "tensor-parallel cache: rank {} layer {} holds {} positions where the others \
+                 hold {offset}; a transaction reached only some ranks",
+                i / n,
+                i % n,
+                l.offset()
+            )));
+        }
+        let mut runs = layers.chunks_mut(n);
+        let mine = runs
+            .next()
+            .ok_or_else(|| Error::invalid("cache without layers"))?;
+        let pool = |rank: usize| parallel.pool(rank);
+        let (mine, peers) = std::thread::scope(|s| {
+            let peers: Vec<_> = parallel
+                .peers()
+                .iter()
+                .zip(runs)
+                .enumerate()
+                .map(|(i, (peer, run))| {
+                    s.spawn(move || on(pool(i + 1), || peer.rank_forward(ids, offset, run, None)))
+                })
+                .collect();
+            let mine = on(pool(0), || {
+                self.rank_forward(ids, offset, mine, Some((taps.as_deref(), last)))
+            });
+            (mine, peers.into_iter().map(join).collect::<Vec<_>>())
+        });
+        let (logits, hidden) = mine?;
+        for peer in peers {
+            peer?;
+        }
+        if let Some(hidden) = hidden {
+            cache.record_hidden(hidden);
+        }
+        logits.ok_or_else(|| Error::invalid("rank 0 computed no logits"))
+    }
+
+    /// This rank's layers over `run` (its caches); rank 0 (`head`: the layers to tap, and
+    /// whether only the last row's logits are wanted) also taps hidden states and runs the
+    /// final norm and LM head.
+    fn rank_forward(
+        &self,
+        ids: StepIds,
+        offset: usize,
+        run: &mut [LayerCache],
+        head: Option<(Option<&[usize]>, bool)>,
+    ) -> Result<RankOutput> {
+        let parallel = self
+            .parallel
+            .as_ref()
+            .ok_or_else(|| Error::invalid("rank forward of a model that is not split"))?;
+        let reduce = parallel.reduce();
+        let out = (|| -> Result<RankOutput> {
+            let device = self.embed.device();
+            let ids = ids.tensor(device)?.to_device(device)?;
+            let mut x = self.embed.index_select(&ids, 0)?;
+            if let Some(scale) = self.embed_scale {
+                x = (x * scale)?;
+            }
+            let taps = head.and_then(|(t, _)| t.map(<[usize]>::to_vec));
+            let mut tapped = Vec::new();
+            let mut input = Input::Embedded(x);
+            for (i, (block, layer)) in self.blocks.iter().zip(run).enumerate() {
+                tap(&taps, i, &input, &mut tapped)?;
+                input = block.forward_sharded(input, offset, layer, reduce)?;
+            }
+            tap(&taps, self.blocks.len(), &input, &mut tapped)?;
+            let hidden = self.tapped_rows(&taps, tapped)?;
+            match head {
+                Some((_, last)) => Ok((Some(self.head(input, last, true)?), hidden)),
+                None => Ok((None, hidden)),
+            }
+        })();
+        if out.is_err() {
+            reduce.abort();
+        }
+        out
+    }
+}
+
+/// `f` on `pool` (a CPU rank's own) or on this thread.
+fn on<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
+/// A scoped thread's result, a panic made an error.
+fn join<R>(handle: std::thread::ScopedJoinHandle<'_, Result<R>>) -> Result<R> {
+    handle
+        .join()
+        .unwrap_or_else(|_| Err(Error::invalid("a tensor-parallel rank panicked")))
+}
+
+/// One rayon pool per CPU rank, the machine's threads shared between them.
+fn cpu_pools(world: usize) -> Result<Vec<rayon::ThreadPool>> {
+    let threads = (candle_core::utils::get_num_threads() / world).max(1);
+    (0..world)
+        .map(|rank| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(move |i| format!("rank{rank}-{i}"))
+                .build()
+                .map_err(|e| Error::invalid(format!("tensor-parallel rank {rank}: {e}")))
+        })
+        .collect()
+}
+
+/// The all-reduce of a group with one rank per device of `devices`: threads of this process
+/// on the CPU, NCCL on CUDA.
+fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
+    match devices.first() {
+        Some(Device::Cpu) if devices.iter().all(Device::is_cpu) => {
+            Ok(HostGroup::handles(devices.len())
+                .into_iter()
+                .map(|h| Arc::new(h) as Arc<dyn AllReduce>)
+                .collect())
+        }
+        #[cfg(feature = "cuda")]
+        Some(Device::Cuda(_)) => super::cuda::nccl::group(devices),
+        _ => Err(Error::invalid(format!(
+            "tensor_parallel runs ranks on the CPU or on CUDA GPUs (NCCL), not on {:?}",
+            devices.first().map(Device::location)
+        ))),
+    }
+}

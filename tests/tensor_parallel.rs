@@ -1,0 +1,256 @@
+//! A tensor-parallel split (`LoadOptions::tensor_parallel`) against the whole model: the same
+//! logits (within the test dtype's tolerance: the ranks sum their partial products in another
+//! order), the same K/V in every rank's caches (each rank's heads of the whole model's), the
+//! same greedy output, plain and speculative; a cache whose ranks' layers disagree is refused.
+//! Every architecture's layer kinds: Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Mistral
+//! (rotating caches), Gemma 3 (sandwich norms, mixed local/global layers, one KV head read by
+//! every rank), and the shipped pair.
+//!
+//! On the CPU ranks are threads; on CUDA (`SPECDEC_TEST_DEVICE=cuda`) one GPU each from the
+//! test device's on, with NCCL, so the ranks tested (`SPECDEC_TEST_RANKS`, default `2,4`)
+//! must fit the machine's GPUs.
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use common::checkpoint::{load_with, repo_path, shipped};
+use common::decode::{argmax_rows, tokens, tolerance, MIN_SCALE};
+use common::device::load_options;
+use common::host::rel_err;
+use common::run::fresh;
+use rand::{rngs::StdRng, SeedableRng};
+use specdec::cache::{ModelCache, RotatingStrategy};
+use specdec::models::{LoadOptions, Model};
+use specdec::speculative::{
+    Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, SamplingParams, TreeParams,
+};
+
+const FIXTURES: [&str; 6] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "qwen2_sliding",
+    "gemma3",
+];
+
+fn ranks() -> Vec<usize> {
+    std::env::var("SPECDEC_TEST_RANKS")
+        .unwrap_or_else(|_| "2,4".into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("SPECDEC_TEST_RANKS: rank counts"))
+        .collect()
+}
+
+fn split(dir: &Path, world: usize) -> Model {
+    load_with(
+        dir,
+        &LoadOptions {
+            tensor_parallel: world,
+            ..load_options()
+        },
+    )
+}
+
+fn slack() -> RotatingStrategy {
+    RotatingStrategy::Slack { max_draft: 8 }
+}
+
+/// Every layer's logical K and V of `rank` in a split cache of `layers` layers per rank.
+fn rank_kv(cache: &ModelCache, layers: usize, rank: usize) -> Vec<(Tensor, Tensor)> {
+    cache.layers()[rank * layers..(rank + 1) * layers]
+        .iter()
+        .map(|l| l.logical_kv().unwrap().expect("a layer with tokens"))
+        .collect()
+}
+
+/// Each rank's K/V equal the whole model's K/V heads that rank holds (with fewer KV heads
+/// than ranks, the one head its queries read).
+fn assert_same_kv(whole: &ModelCache, split: &ModelCache, world: usize, what: &str) {
+    let layers = whole.num_layers();
+    assert_eq!(split.num_layers(), layers * world, "{what}");
+    let reference = rank_kv(whole, layers, 0);
+    for rank in 0..world {
+        for (l, ((k, v), (wk, wv))) in rank_kv(split, layers, rank)
+            .iter()
+            .zip(&reference)
+            .enumerate()
+        {
+            let (kv, local) = (wk.dim(1).unwrap(), k.dim(1).unwrap());
+            let first = if kv >= world {
+                rank * local
+            } else {
+                rank * kv / world
+            };
+            for (part, whole) in [(k, wk), (v, wv)] {
+                let want = whole.narrow(1, first, local).unwrap();
+                let err = rel_err(part, &want, MIN_SCALE);
+                assert!(
+                    err <= tolerance(),
+                    "{what}: rank {rank} layer {l}: K/V off by {err}"
+                );
+            }
+        }
+    }
+}
+
+/// Logits of a prompt, of single-token steps and of a 5-token block, and the caches after,
+/// equal the whole model's.
+#[test]
+fn split_forwards_equal_the_whole_model() {
+    for name in FIXTURES {
+        let dir = repo_path("tests/fixtures/hf").join(name);
+        let whole = load_with(&dir, &load_options());
+        let vocab = whole.info().vocab_size;
+        for world in ranks() {
+            let what = format!("{name}, {world} ranks");
+            let part = split(&dir, world);
+            assert_eq!(part.ranks(), world);
+            assert_eq!(part.param_count(), whole.param_count(), "{what}");
+            let (mut a, mut b) = (
+                whole.new_cache(slack()).unwrap(),
+                part.new_cache(slack()).unwrap(),
+            );
+            // 12 + 8 + 5 positions: past the fixtures' 8-token windows.
+            let mut steps = vec![tokens(12, vocab, 1)];
+            steps.extend((0..8).map(|i| vec![tokens(1, vocab, 10 + i)[0]]));
+            steps.push(tokens(5, vocab, 3));
+            for (i, ids) in steps.iter().enumerate() {
+                let want = whole.forward(ids, &mut a).unwrap();
+                let got = part.forward(ids, &mut b).unwrap();
+                let err = rel_err(&got, &want, MIN_SCALE);
+                assert!(err <= tolerance(), "{what}: step {i}: logits off by {err}");
+                assert_eq!(argmax_rows(&got), argmax_rows(&want), "{what}: step {i}");
+            }
+            assert_same_kv(&a, &b, world, &what);
+        }
+    }
+}
+
+fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
+    GenParams {
+        max_new_tokens,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(gamma),
+        stop_at_eos: false,
+    }
+}
+
+/// The shipped target split over 2 and 4 ranks (its 2 KV heads replicated at 4) generates
+/// the whole target's greedy tokens, plainly and speculatively (chains and trees with the
+/// shipped draft, both rotating strategies, far past the 64-token window); after each
+/// speculative run, in which steps commit part of their block and roll the rest back, every
+/// rank's caches hold the whole target's K/V of the generated sequence.
+#[test]
+fn split_target_generates_the_whole_targets_greedy_tokens() {
+    let whole = shipped("target");
+    let draft = Arc::new(shipped("draft"));
+    let prompt = tokens(24, whole.info().vocab_size, 7);
+    for strategy in [RotatingStrategy::Staged, slack()] {
+        let mut cache = whole.new_cache(strategy).unwrap();
+        let mut rng = StdRng::seed_from_u64(0);
+        let plain = fresh(
+            &whole,
+            &mut cache,
+            &prompt,
+            &greedy(120, 1),
+            Drafting::None,
+            &mut rng,
+        )
+        .unwrap();
+        for world in ranks() {
+            let what = format!("{world} ranks, {strategy:?}");
+            let part = split(&repo_path("models/target"), world);
+            let mut split_cache = part.new_cache(strategy).unwrap();
+            let out = fresh(
+                &part,
+                &mut split_cache,
+                &prompt,
+                &greedy(120, 1),
+                Drafting::None,
+                &mut rng,
+            )
+            .unwrap();
+            assert_eq!(out.output_ids, plain.output_ids, "{what}: plain");
+            for (gamma, tree) in [
+                (4, TreeParams::chain()),
+                (
+                    3,
+                    TreeParams {
+                        width: 2,
+                        budget: 6,
+                        ..TreeParams::chain()
+                    },
+                ),
+            ] {
+                let mut drafter =
+                    ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap();
+                let drafting = Drafting::tree(&mut drafter, tree);
+                let sp = fresh(
+                    &part,
+                    &mut split_cache,
+                    &prompt,
+                    &greedy(120, gamma),
+                    drafting,
+                    &mut rng,
+                )
+                .unwrap();
+                assert_eq!(
+                    sp.output_ids, plain.output_ids,
+                    "{what}: γ {gamma}, {tree:?}"
+                );
+                let rejected: usize =
+                    sp.proposed.iter().sum::<usize>() - sp.accepted.iter().sum::<usize>();
+                assert!(rejected > 0, "{what}: no step rolled anything back");
+                assert_same_kv(&cache, &split_cache, world, &format!("{what}: γ {gamma}"));
+            }
+        }
+    }
+}
+
+/// A cache in which one rank's layers moved without the others' (what a commit or rollback
+/// reaching only some ranks would leave) is refused by the next forward, naming the rank.
+#[test]
+fn a_cache_whose_ranks_disagree_is_refused() {
+    let part = split(&repo_path("models/target"), 2);
+    let vocab = part.info().vocab_size;
+    let mut cache = part.new_cache(slack()).unwrap();
+    part.forward(&tokens(6, vocab, 2), &mut cache).unwrap();
+    let layers = cache.num_layers() / 2;
+    let (k, v) = cache.layers()[layers].logical_kv().unwrap().unwrap();
+    let last = |t: &Tensor| t.narrow(2, 5, 1).unwrap().copy().unwrap();
+    cache.layers_mut().unwrap()[layers]
+        .append(&last(&k), &last(&v))
+        .unwrap();
+    let e = part
+        .forward(&tokens(1, vocab, 3), &mut cache)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 1 layer 0") && e.contains("only some ranks"),
+        "{e}"
+    );
+}
+
+/// Splits that cut a head are refused at load with the file and the counts named.
+#[test]
+fn uneven_splits_are_refused_at_load() {
+    let dir = repo_path("models/target");
+    for world in [3, 16] {
+        let e = Model::load(
+            &dir,
+            &LoadOptions {
+                tensor_parallel: world,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("models/target") && e.contains(&format!("tensor_parallel = {world}")),
+            "{e}"
+        );
+    }
+}
