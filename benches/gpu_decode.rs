@@ -29,6 +29,12 @@
 //! Rotating (sliding-window) layers keep the slack strategy's caches (room for 8 drafts), or
 //! the staged strategy's with `SPECDEC_BENCH_STRATEGY=staged`.
 //!
+//! `SPECDEC_BENCH_TP` (comma-separated, one per model; default 1) splits a model over that many
+//! GPUs (tensor parallelism): its bound is then the weight bytes at that many times the copy
+//! rate (the aggregate bound), and the stage tables are skipped (the ranks run on threads of
+//! their own). `SPECDEC_BENCH_RANDOM=1` loads every model with random weights from its
+//! `config.json` alone (no weight files: shapes too large to write to disk).
+//!
 //! `SPECDEC_BENCH_JSON=path` also writes everything as JSON. `SPECDEC_BENCH_KERNELS=n` does
 //! only a prefill of 128 tokens, `n` decode steps of the first model and `n` verification
 //! forwards of 5 tokens (each ending in one argmax read back), for a kernel profiler to count
@@ -362,15 +368,21 @@ fn main() {
     );
     let mut json = Vec::new();
     let mut decode_128 = Vec::new();
-    for dir in &dirs {
+    let splits = env_list("SPECDEC_BENCH_TP", &[1]);
+    let random = std::env::var("SPECDEC_BENCH_RANDOM").is_ok_and(|v| v == "1");
+    for (i, dir) in dirs.iter().enumerate() {
+        let ranks = splits.get(i).copied().unwrap_or(1).max(1);
         let opts = LoadOptions {
             device: device.clone(),
             dtype: dtype(),
-            quantized: false,
+            tensor_parallel: ranks,
+            random_weights: random,
             ..Default::default()
         };
+        let loading = Instant::now();
         let model = Model::load(dir, &opts)
             .unwrap_or_else(|e| panic!("cannot load {}: {e}", dir.display()));
+        let load_s = loading.elapsed().as_secs_f64();
         let info = model.info().clone();
         let bytes = info.param_count * info.dtype.size_in_bytes();
         // A step reads every weight once except an untied embedding table, of which it
@@ -382,11 +394,12 @@ fn main() {
             .unwrap_or(false);
         let embedding = info.vocab_size * info.hidden_size * info.dtype.size_in_bytes();
         let read = if tied { bytes } else { bytes - embedding };
-        let bound_ms = 1e3 * read as f64 / bandwidth;
+        let bound_ms = 1e3 * read as f64 / (bandwidth * ranks as f64);
         let limit = context_limit(dir).ok().flatten().unwrap_or(usize::MAX);
         println!(
-            "\n{} ({}, {} layers, {:.1}M params, {:?}: {:.3} GB of weights, {:.3} GB read per step; bound {:.3} ms/token = {:.0} tok/s)",
+            "\n{}{} ({}, {} layers, {:.1}M params, {:?}: {:.3} GB of weights, {:.3} GB read per step; bound {:.3} ms/token = {:.0} tok/s; loaded in {load_s:.1} s)",
             dir.display(),
+            if ranks > 1 { format!(" split over {ranks} ranks (aggregate bound: {ranks} x the copy rate)") } else { String::new() },
             info.arch,
             info.num_layers,
             info.param_count as f64 / 1e6,
@@ -425,7 +438,8 @@ fn main() {
                 "verify5_over_decode": r.verify_ratio,
             }));
         }
-        let stages = stages(&model);
+        let profiled = ranks == 1;
+        let stages = if profiled { stages(&model) } else { Vec::new() };
         let total: f64 = stages.iter().map(|(_, ms)| ms).sum();
         println!("\nstages of one decode step after 128 tokens (device synchronised per stage; sum {total:.3} ms):");
         println!("| stage | ms/token | share |");
@@ -439,7 +453,7 @@ fn main() {
             .filter(|&c| c < limit)
             .max()
             .unwrap_or(0);
-        let prefill = if longest > 0 {
+        let prefill = if longest > 0 && profiled {
             prefill_stages(&model, longest)
         } else {
             Vec::new()
@@ -454,6 +468,7 @@ fn main() {
         json.push(serde_json::json!({
             "prefill_stages_s": prefill.iter().map(|(n, s)| serde_json::json!({"stage": n, "s": s})).collect::<Vec<_>>(),
             "model": dir.display().to_string(), "arch": info.arch, "layers": info.num_layers,
+            "tensor_parallel": ranks, "random_weights": random, "load_s": load_s,
             "params": info.param_count, "dtype": format!("{:?}", info.dtype),
             "weight_bytes": bytes, "read_bytes": read, "bound_ms": bound_ms, "contexts": rows_json,
             "stages_ms": stages.iter().map(|(n, ms)| serde_json::json!({"stage": n, "ms": ms})).collect::<Vec<_>>(),

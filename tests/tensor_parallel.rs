@@ -254,3 +254,49 @@ fn uneven_splits_are_refused_at_load() {
         );
     }
 }
+
+/// `exp` with `target.tensor_parallel = 2` gives the default experiment's greedy tokens of
+/// the one-device target for every point (and names the split in its summary); a split that
+/// cuts a head fails with the key and value named and writes no results.
+#[test]
+fn exp_runs_a_split_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = [
+        "dataset.limit=2",
+        "max_new_tokens=24",
+        "repeats=1",
+        "sweep.gamma=[4]",
+        "sweep.temperature=[0.0]",
+    ];
+    let run = |name: &str, extra: Option<&str>| {
+        let out = dir.path().join(name);
+        let mut sets = base.to_vec();
+        sets.extend(extra);
+        let (ok, stdout, stderr) = common::exp::exp_default(&out, &sets);
+        (out, ok, stdout, stderr)
+    };
+    let records = |out: &Path| -> Vec<(String, String, Vec<u32>)> {
+        let text = std::fs::read_to_string(out.join("results.jsonl")).unwrap();
+        let mut r: Vec<_> = text
+            .lines()
+            .map(|l| {
+                let r: specdec::experiment::ResultRecord = serde_json::from_str(l).unwrap();
+                (r.label, r.prompt_id, r.generation.output_ids)
+            })
+            .collect();
+        r.sort();
+        r
+    };
+    let (one, ok, _, stderr) = run("one", None);
+    assert!(ok, "{stderr}");
+    let (two, ok, _, stderr) = run("two", Some("target.tensor_parallel=2"));
+    assert!(ok, "{stderr}");
+    let (a, b) = (records(&one), records(&two));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+    let summary = std::fs::read_to_string(two.join("summary.md")).unwrap();
+    assert!(summary.contains("split over 2 ranks"), "{summary}");
+    let (bad, ok, _, stderr) = run("bad", Some("target.tensor_parallel=3"));
+    assert!(!ok && stderr.contains("tensor_parallel = 3"), "{stderr}");
+    assert!(!bad.join("results.jsonl").exists());
+}

@@ -106,6 +106,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let load = load_options(device.clone(), config.dtype);
     let target_load = LoadOptions {
         quantized: config.target.quantized,
+        tensor_parallel: config.target.tensor_parallel,
         ..load.clone()
     };
     let mut target = LoadedModel::load(&config.target.path, &target_load)?;
@@ -429,6 +430,12 @@ fn describe(
         )
     };
     let mut s = format!("* target: {}\n", model(target));
+    let ranks = target.model.ranks();
+    if ranks > 1 {
+        s += &format!(
+            "* target split over {ranks} ranks (tensor parallelism; drafters on rank 0's device)\n"
+        );
+    }
     for (name, d) in drafts {
         s += &format!("* drafter `{name}`: {}\n", model(d));
     }

@@ -148,10 +148,19 @@ pub struct TargetConfig {
     /// of dequantizing them into the compute dtype.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub quantized: bool,
+    /// Ranks the target is split over (tensor parallelism, one GPU each from `device`'s on,
+    /// NCCL between them; on the CPU, threads); 1: not split. Must divide the attention heads
+    /// and the MLP width, and divide the KV heads or be a multiple of them.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: usize,
 }
 
 fn default_target_path() -> PathBuf {
     "models/target".into()
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 impl Default for TargetConfig {
@@ -159,6 +168,7 @@ impl Default for TargetConfig {
         Self {
             path: default_target_path(),
             quantized: false,
+            tensor_parallel: 1,
         }
     }
 }

@@ -22,6 +22,18 @@ impl ExperimentConfig {
         if self.repeats == 0 {
             problems.push("repeats = 0: must be >= 1 (1 runs every generation once)".into());
         }
+        if self.target.tensor_parallel == 0 {
+            problems.push(
+                "target.tensor_parallel = 0: must be >= 1 (1 keeps the target on one device)"
+                    .into(),
+            );
+        }
+        if self.target.tensor_parallel > 1 && self.target.quantized {
+            problems.push(format!(
+                "target.tensor_parallel = {}: splits dense weights; target.quantized = true is not supported with it",
+                self.target.tensor_parallel
+            ));
+        }
         for (name, drafter) in &self.drafters {
             check_drafter(name, drafter, &mut problems);
         }
