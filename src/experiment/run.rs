@@ -103,7 +103,10 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let (prompts, turns) = encode_prompts(config, &tokenizer, template.as_ref())?;
     check_context(config, &prompts)?;
     let device = select_device(config.device)?;
-    let load = load_options(device.clone(), config.dtype);
+    let load = LoadOptions {
+        random_weights: config.random_weights,
+        ..load_options(device.clone(), config.dtype)
+    };
     let target_load = LoadOptions {
         quantized: config.target.quantized,
         tensor_parallel: config.target.tensor_parallel,
@@ -430,6 +433,9 @@ fn describe(
         )
     };
     let mut s = format!("* target: {}\n", model(target));
+    if config.random_weights {
+        s += "* random weights drawn from each model's config.json (random_weights = true): a speed study; the outputs mean nothing\n";
+    }
     let ranks = target.model.ranks();
     if ranks > 1 {
         s += &format!(

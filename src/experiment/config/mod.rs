@@ -51,6 +51,11 @@ pub struct ExperimentConfig {
     /// Weight and activation dtype (`auto`: the checkpoint's, f32 on CPU).
     #[serde(default)]
     pub dtype: DtypeChoice,
+    /// Draw the target's and the draft models' weights at random from their `config.json`
+    /// alone (N(0, 0.02²) matrices, unit norms; no weight files read): for speed studies at
+    /// published shapes, e.g. a 70B target no disk here holds. Outputs are meaningless.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub random_weights: bool,
     /// The model whose distribution is sampled.
     #[serde(default)]
     pub target: TargetConfig,
