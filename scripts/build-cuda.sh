@@ -16,6 +16,9 @@
 # Usage: scripts/build-cuda.sh [--check]   (--check: only `cargo clippy --features cuda
 #        --all-targets -- -D warnings`, as CI runs it; no binaries)
 # Env:   CUDA_COMPUTE_CAP (default 90: H100/H200), SPECDEC_CUDA_DIR (default .cuda),
+#        SPECDEC_NCCL=1 (also the `nccl` feature: tensor parallelism over several GPUs; the
+#        binaries then link libnccl.so.2, which must be on LD_LIBRARY_PATH where they run:
+#        on the GPU machine, the lib folder of the nvidia-nccl-cu13 wheel, see gpu-unpack.sh),
 #        CARGO_TARGET_DIR (default target-cuda), CUDA_TARGETS (cargo's target selection,
 #        default "--bins --tests --benches"; e.g. "--bin exp --test gguf_models" for a small
 #        archive that travels beside large carried files).
@@ -31,6 +34,8 @@ dist=$cuda_dir/dist
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-cuda}
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 mode=${1:-build}
+features=cuda
+[ "${SPECDEC_NCCL:-0}" = 1 ] && features=cuda,nccl
 # One run at a time per CUDA folder: two would install into, and pack from, the same folders.
 mkdir -p "$cuda_dir"
 exec 9>"$cuda_dir/.build.lock"
@@ -64,8 +69,10 @@ export PATH=$cu13/bin:$PATH CUDA_HOME=$cu13 CUDA_ROOT=$cu13 CUDA_PATH=$cu13
 if [ "$mode" = "--check" ]; then
   # clippy checks what `cargo check` does (our kernels compiled by nvcc included) and lints the
   # code behind `cfg(feature = "cuda")`, which the plain clippy run never sees.
-  echo "== cargo clippy --features cuda --all-targets -- -D warnings (into $CARGO_TARGET_DIR)"
+  # With NCCL too: its code compiles only there (nothing is linked by a check).
+  echo "== cargo clippy --features cuda(,nccl) --all-targets -- -D warnings (into $CARGO_TARGET_DIR)"
   cargo clippy --features cuda --all-targets -- -D warnings
+  cargo clippy --features cuda,nccl --all-targets -- -D warnings
   exit 0
 fi
 
@@ -82,6 +89,17 @@ if [ ! -f "$linkdir/libcuda.so" ]; then
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$linkdir/libcuda.so" "$linkdir/cuda_stub.c"
 fi
 
+# 2b. libnccl stub the same way, from cudarc's NCCL declarations (for the `nccl` feature).
+if [ "$features" = cuda,nccl ] && [ ! -f "$linkdir/libnccl.so" ]; then
+  cargo fetch -q
+  cudarc_ver=$(awk '/^name = "cudarc"/{getline; gsub(/[^0-9.]/,""); print; exit}' Cargo.lock)
+  sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-"$cudarc_ver"/src/nccl/sys/mod.rs | head -1)
+  echo "== libnccl stub from $sys"
+  grep -ohE "pub (unsafe )?fn (nccl[A-Za-z0-9_]+)" "$sys" | awk '{print $NF}' | sort -u \
+    | sed 's/.*/int &(void){return 0;}/' > "$linkdir/nccl_stub.c"
+  gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$linkdir/libnccl.so" "$linkdir/nccl_stub.c"
+fi
+
 # 3. Unversioned names for the linker.
 for lib in cublas cublasLt curand cudart nvrtc; do
   if [ ! -e "$linkdir/lib$lib.so" ]; then
@@ -94,12 +112,12 @@ done
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir -C link-arg=-Wl,-rpath-link,$cu13/lib"
 
 # 4. Build.
-echo "== cargo build --release --features cuda (exp, tests, benches) into $CARGO_TARGET_DIR"
+echo "== cargo build --release --features $features (exp, tests, benches) into $CARGO_TARGET_DIR"
 # One cargo run: its JSON messages (stdout; progress and the compiler's diagnostics rendered
 # on stderr) name the binaries to pack. A second run only for the list would rebuild, and pack, any
 # source edited meanwhile (it happened: an archive carried a half-finished kernel edit).
 # shellcheck disable=SC2086 # CUDA_TARGETS is a list of cargo arguments
-msgs=$(cargo build --release --features cuda ${CUDA_TARGETS:---bins --tests --benches} \
+msgs=$(cargo build --release --features "$features" ${CUDA_TARGETS:---bins --tests --benches} \
   --message-format=json-render-diagnostics)
 
 # 5. Strip, then pack every binary into one solid xz archive: each carries the same ~33 MB of

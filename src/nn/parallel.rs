@@ -212,8 +212,12 @@ fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
                 .map(|h| Arc::new(h) as Arc<dyn AllReduce>)
                 .collect())
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "nccl")]
         Some(Device::Cuda(_)) => super::cuda::nccl::group(devices),
+        #[cfg(not(feature = "nccl"))]
+        Some(Device::Cuda(_)) => Err(Error::invalid(
+            "tensor_parallel on CUDA needs a build with --features nccl (scripts/build-cuda.sh with SPECDEC_NCCL=1)",
+        )),
         _ => Err(Error::invalid(format!(
             "tensor_parallel runs ranks on the CPU or on CUDA GPUs (NCCL), not on {:?}",
             devices.first().map(Device::location)

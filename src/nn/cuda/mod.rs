@@ -20,6 +20,7 @@ mod dense;
 pub(crate) mod graph;
 pub(crate) mod graph_edges;
 mod launch;
+#[cfg(feature = "nccl")]
 pub(crate) mod nccl;
 mod prefill;
 

@@ -1,14 +1,13 @@
-//! The all-reduce of a tensor-parallel group on CUDA: NCCL (loaded at run time: a machine
-//! without `libnccl.so.2` gets an error naming it when a split model loads, not a link
-//! failure). One communicator per rank, made together for every GPU of the group
-//! (`ncclCommInitAll`), each on its device's one stream, so a reduction is ordered after the
-//! kernels that wrote its input with no synchronisation on the host.
+//! The all-reduce of a tensor-parallel group on CUDA: NCCL, linked by builds with the `nccl`
+//! feature (`libnccl.so.2` must then be found at run time). One communicator per rank, made
+//! together for every GPU of the group (`ncclCommInitAll`), each on its device's one stream,
+//! so a reduction is ordered after the kernels that wrote its input with no synchronisation
+//! on the host.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, ReduceOp};
-use candle_core::cuda_backend::cudarc::nccl::sys as nccl_sys;
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CustomOp1, DType, Device, Layout, Shape, Tensor};
 
@@ -30,13 +29,6 @@ unsafe impl Sync for NcclReduce {}
 
 /// One all-reduce handle per rank, rank `i` on `devices[i]` (each a separate GPU).
 pub(crate) fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
-    // SAFETY: only probes whether the library loads.
-    if !unsafe { nccl_sys::is_culib_present() } {
-        return Err(Error::invalid(
-            "tensor_parallel on CUDA needs NCCL: libnccl.so.2 was not found (install \
-             nvidia-nccl-cu13 and put its lib folder on LD_LIBRARY_PATH)",
-        ));
-    }
     let mut streams = Vec::with_capacity(devices.len());
     let mut ordinals = Vec::with_capacity(devices.len());
     for d in devices {
