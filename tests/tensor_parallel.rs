@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use common::checkpoint::{load_with, repo_path, shipped};
-use common::decode::{argmax_rows, tokens, tolerance, MIN_SCALE};
+use common::decode::{argmax_rows, tokens, tolerance, MIN_SCALE, TOL};
 use common::device::load_options;
 use common::host::rel_err;
 use common::run::fresh;
@@ -35,6 +35,13 @@ const FIXTURES: [&str; 6] = [
     "qwen2_sliding",
     "gemma3",
 ];
+
+/// One split model at a time in this binary: on CUDA, NCCL groups of concurrent tests over the
+/// same GPUs can deadlock each other (each GPU running another group's collective first).
+fn one_group_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static GROUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn ranks() -> Vec<usize> {
     std::env::var("SPECDEC_TEST_RANKS")
@@ -100,6 +107,7 @@ fn assert_same_kv(whole: &ModelCache, split: &ModelCache, world: usize, what: &s
 /// equal the whole model's.
 #[test]
 fn split_forwards_equal_the_whole_model() {
+    let _group = one_group_at_a_time();
     for name in FIXTURES {
         let dir = repo_path("tests/fixtures/hf").join(name);
         let whole = load_with(&dir, &load_options());
@@ -122,7 +130,10 @@ fn split_forwards_equal_the_whole_model() {
                 let got = part.forward(ids, &mut b).unwrap();
                 let err = rel_err(&got, &want, MIN_SCALE);
                 assert!(err <= tolerance(), "{what}: step {i}: logits off by {err}");
-                assert_eq!(argmax_rows(&got), argmax_rows(&want), "{what}: step {i}");
+                // Half precision rounds the partial sums: near-ties may break either way.
+                if tolerance() == TOL {
+                    assert_eq!(argmax_rows(&got), argmax_rows(&want), "{what}: step {i}");
+                }
             }
             assert_same_kv(&a, &b, world, &what);
         }
@@ -145,6 +156,7 @@ fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
 /// rank's caches hold the whole target's K/V of the generated sequence.
 #[test]
 fn split_target_generates_the_whole_targets_greedy_tokens() {
+    let _group = one_group_at_a_time();
     let whole = shipped("target");
     let draft = Arc::new(shipped("draft"));
     let prompt = tokens(24, whole.info().vocab_size, 7);
@@ -214,6 +226,7 @@ fn split_target_generates_the_whole_targets_greedy_tokens() {
 /// reaching only some ranks would leave) is refused by the next forward, naming the rank.
 #[test]
 fn a_cache_whose_ranks_disagree_is_refused() {
+    let _group = one_group_at_a_time();
     let part = split(&repo_path("models/target"), 2);
     let vocab = part.info().vocab_size;
     let mut cache = part.new_cache(slack()).unwrap();
@@ -237,6 +250,7 @@ fn a_cache_whose_ranks_disagree_is_refused() {
 /// Splits that cut a head are refused at load with the file and the counts named.
 #[test]
 fn uneven_splits_are_refused_at_load() {
+    let _group = one_group_at_a_time();
     let dir = repo_path("models/target");
     for world in [3, 16] {
         let e = Model::load(
@@ -260,8 +274,11 @@ fn uneven_splits_are_refused_at_load() {
 /// cuts a head fails with the key and value named and writes no results.
 #[test]
 fn exp_runs_a_split_target() {
+    let _group = one_group_at_a_time();
     let dir = tempfile::tempdir().unwrap();
+    // f32 wherever exp runs (`device = "auto"`): the split sums in another order.
     let base = [
+        "dtype=f32",
         "dataset.limit=2",
         "max_new_tokens=24",
         "repeats=1",
@@ -308,6 +325,7 @@ fn exp_runs_a_split_target() {
 #[test]
 #[ignore = "needs SPECDEC_TEST_TP_MODEL: a large checkpoint, on a machine with several GPUs"]
 fn a_large_checkpoint_split_generates_its_greedy_tokens() {
+    let _group = one_group_at_a_time();
     let dir = std::env::var("SPECDEC_TEST_TP_MODEL")
         .expect("SPECDEC_TEST_TP_MODEL: the checkpoint directory to split");
     let dir = Path::new(&dir);

@@ -104,19 +104,29 @@ impl Decoder {
         let mine = runs
             .next()
             .ok_or_else(|| Error::invalid("cache without layers"))?;
+        // Every rank's ids on its device before any rank starts: a peer copying them from
+        // rank 0's stream once rank 0 has queued its first all-reduce would wait on that
+        // all-reduce, which waits on the peer (a deadlock).
+        let first = ids.tensor(self.embed.device())?;
+        let peer_ids = parallel
+            .peers()
+            .iter()
+            .map(|p| Ok(first.to_device(p.embed.device())?))
+            .collect::<Result<Vec<Tensor>>>()?;
         let pool = |rank: usize| parallel.pool(rank);
         let (mine, peers) = std::thread::scope(|s| {
             let peers: Vec<_> = parallel
                 .peers()
                 .iter()
                 .zip(runs)
+                .zip(&peer_ids)
                 .enumerate()
-                .map(|(i, (peer, run))| {
+                .map(|(i, ((peer, run), ids))| {
                     s.spawn(move || on(pool(i + 1), || peer.rank_forward(ids, offset, run, None)))
                 })
                 .collect();
             let mine = on(pool(0), || {
-                self.rank_forward(ids, offset, mine, Some((taps.as_deref(), last)))
+                self.rank_forward(&first, offset, mine, Some((taps.as_deref(), last)))
             });
             (mine, peers.into_iter().map(join).collect::<Vec<_>>())
         });
@@ -130,12 +140,12 @@ impl Decoder {
         logits.ok_or_else(|| Error::invalid("rank 0 computed no logits"))
     }
 
-    /// This rank's layers over `run` (its caches); rank 0 (`head`: the layers to tap, and
+    /// This rank's layers over `ids` (`[t]` u32 on its device) and `run` (its caches); rank 0 (`head`: the layers to tap, and
     /// whether only the last row's logits are wanted) also taps hidden states and runs the
     /// final norm and LM head.
     fn rank_forward(
         &self,
-        ids: StepIds,
+        ids: &Tensor,
         offset: usize,
         run: &mut [LayerCache],
         head: Option<(Option<&[usize]>, bool)>,
@@ -146,9 +156,7 @@ impl Decoder {
             .ok_or_else(|| Error::invalid("rank forward of a model that is not split"))?;
         let reduce = parallel.reduce();
         let out = (|| -> Result<RankOutput> {
-            let device = self.embed.device();
-            let ids = ids.tensor(device)?.to_device(device)?;
-            let mut x = self.embed.index_select(&ids, 0)?;
+            let mut x = self.embed.index_select(ids, 0)?;
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
             }
