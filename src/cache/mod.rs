@@ -26,7 +26,10 @@ pub use attend::Attend;
 pub use error::CacheError;
 pub use kv::{KvCache, KvSnapshot, DEFAULT_STEP};
 pub use mask::{KeyOrder, Mask};
-pub use model::{merge, split, CacheSnapshot, LayerCache, LayerSnapshot, ModelCache, Speculation};
+pub use model::{
+    advance_layers, merge, reserve_layers, split, CacheSnapshot, LayerCache, LayerSnapshot,
+    ModelCache, Speculation,
+};
 pub use prefix::PrefixStore;
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use tree::TokenTree;

@@ -307,28 +307,12 @@ impl ModelCache {
         if self.poisoned {
             return Err(CacheError::Poisoned.into());
         }
-        let mut out = Vec::with_capacity(self.layers.len());
-        for layer in &mut self.layers {
-            let bufs = match layer {
-                LayerCache::Kv(c) => c.reserve(t)?,
-                LayerCache::Rotating(c) => c.reserve(t)?,
-            };
-            match bufs {
-                Some(bufs) => out.push(bufs),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(out))
+        reserve_layers(&mut self.layers, t)
     }
 
     /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made.
     pub fn advance(&mut self, t: usize) {
-        for layer in &mut self.layers {
-            match layer {
-                LayerCache::Kv(c) => c.advance(t),
-                LayerCache::Rotating(c) => c.advance(t),
-            }
-        }
+        advance_layers(&mut self.layers, t);
     }
 
     /// Bytes held by all layers.
@@ -515,6 +499,36 @@ impl ModelCache {
             poisoned: false,
             hidden: self.hidden.clone(),
         })
+    }
+}
+
+/// [`ModelCache::reserve_in_place`] over a run of `layers` (one rank's of a split model's
+/// cache, see [`ModelCache::layers_mut`]).
+pub fn reserve_layers(
+    layers: &mut [LayerCache],
+    t: usize,
+) -> Result<Option<Vec<(Tensor, Tensor, u64)>>> {
+    let mut out = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let bufs = match layer {
+            LayerCache::Kv(c) => c.reserve(t)?,
+            LayerCache::Rotating(c) => c.reserve(t)?,
+        };
+        match bufs {
+            Some(bufs) => out.push(bufs),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// [`ModelCache::advance`] over a run of `layers`.
+pub fn advance_layers(layers: &mut [LayerCache], t: usize) {
+    for layer in layers {
+        match layer {
+            LayerCache::Kv(c) => c.advance(t),
+            LayerCache::Rotating(c) => c.advance(t),
+        }
     }
 }
 

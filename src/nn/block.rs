@@ -103,8 +103,19 @@ impl Block {
         cache: &mut LayerCache,
         reduce: &dyn AllReduce,
     ) -> Result<Input> {
+        self.forward_sharded_with(input, reduce, |attn, x| attn.forward(x, offset, cache))
+    }
+
+    /// [`Self::forward_sharded`] around an attention call `attend(attention, its input)`
+    /// (a recorded step's attention over its buffers in place).
+    pub(super) fn forward_sharded_with(
+        &self,
+        input: Input,
+        reduce: &dyn AllReduce,
+        attend: impl FnOnce(&Attention, AttnInput) -> Result<Tensor>,
+    ) -> Result<Input> {
         let x = input.into_stream()?;
-        let h = (self.attn).forward(AttnInput::PreNormed(&x, &self.attn_norm), offset, cache)?;
+        let h = attend(&self.attn, AttnInput::PreNormed(&x, &self.attn_norm))?;
         let x = add_output(&x, &reduce.sum(&h)?, &self.attn_post_norm)?;
         let h = self.mlp.forward_prenorm(&x, &self.mlp_norm)?;
         let x = add_output(&x, &reduce.sum(&h)?, &self.mlp_post_norm)?;

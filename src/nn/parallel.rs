@@ -156,6 +156,10 @@ impl Decoder {
             .ok_or_else(|| Error::invalid("rank forward of a model that is not split"))?;
         let reduce = parallel.reduce();
         let out = (|| -> Result<RankOutput> {
+            #[cfg(feature = "cuda")]
+            if let Some(out) = self.rank_graphed(ids, offset, run, head, reduce)? {
+                return Ok(out);
+            }
             let mut x = self.embed.index_select(ids, 0)?;
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
@@ -178,6 +182,82 @@ impl Decoder {
             reduce.abort();
         }
         out
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Decoder {
+    /// This rank's step as a replayed CUDA graph with its all-reduces inside (NCCL
+    /// collectives are captured like kernels), under the conditions of the one-device
+    /// recorded step (`Decoder::forward_graphed`): a step of at most `GRAPH_MAX_ROWS` rows
+    /// after the first, graphs on, every layer's cache taking the step in place; no hidden
+    /// states tapped. `None` sends the rank down the ordinary path. Ranks decide alike (the
+    /// same rows, positions and options, caches grown alike), and a rank that records while
+    /// another replays or runs eagerly still issues the same collectives in the same order.
+    fn rank_graphed(
+        &self,
+        ids: &Tensor,
+        offset: usize,
+        run: &mut [LayerCache],
+        head: Option<(Option<&[usize]>, bool)>,
+        reduce: &dyn AllReduce,
+    ) -> Result<Option<RankOutput>> {
+        let candle_core::Device::Cuda(dev) = self.embed.device() else {
+            return Ok(None);
+        };
+        let t = ids.dim(0)?;
+        let tapped = head.is_some_and(|(taps, _)| taps.is_some());
+        if t > super::transformer::GRAPH_MAX_ROWS
+            || offset == 0
+            || !super::graphs::graphs_enabled()
+            || tapped
+        {
+            return Ok(None);
+        }
+        let Some(gate_ups) = self.graph_weights() else {
+            return Ok(None);
+        };
+        let Some(bufs) = crate::cache::reserve_layers(run, t)? else {
+            return Ok(None);
+        };
+        let len = (offset + t) as u32;
+        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        let layers = self.graph_layers(&bufs, len, &mut key)?;
+        let last = head.is_some_and(|(_, last)| last && t > 1);
+        let slot = 4 * t + usize::from(last);
+        let step_ids = super::tokens::DeviceTokens::from_argmax(ids.clone(), self.vocab_size);
+        let out = self.graphs.run(
+            dev,
+            (slot, false),
+            key,
+            StepIds::Device(&step_ids),
+            len,
+            None,
+            |ids, len, _| {
+                let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
+                if let Some(scale) = self.embed_scale {
+                    x = (x * scale)?;
+                }
+                let mut input = Input::Embedded(x);
+                let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
+                for (((block, (k, v, _)), gate_up), (reach, ring)) in per_layer {
+                    let gate_up = *gate_up;
+                    input = block.forward_sharded_with(input, reduce, |attn, input| {
+                        attn.forward_in_place(input, (k, v), (len, *reach), *ring, Some(gate_up))
+                    })?;
+                }
+                // Ranks past 0 hand out their last stream (the recording's output).
+                match head {
+                    Some(_) => Ok((self.head(input, last, true)?, None)),
+                    None => Ok((input.into_stream()?, None)),
+                }
+            },
+        )?;
+        let Some((out, _)) = out else {
+            return Ok(None);
+        };
+        crate::cache::advance_layers(run, t);
+        Ok(Some((head.map(|_| out), None)))
     }
 }
 

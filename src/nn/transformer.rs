@@ -37,7 +37,7 @@ pub struct Decoder {
     /// This rank's part in a tensor-parallel group, and rank 0's peers (`None`: the whole
     /// model on one device; see [`super::parallel`]).
     pub(super) parallel: Option<Box<Parallel>>,
-    /// Recorded decode steps (CUDA only).
+    /// Recorded decode steps (CUDA only; of a split model, this rank's).
     #[cfg(feature = "cuda")]
     pub(super) graphs: super::cuda::graph::Graphs,
 }
@@ -322,7 +322,7 @@ impl Decoder {
         // after earlier use still has its buffers, so graphing it there would give a short
         // prompt other (half-precision) logits than on a fresh cache (docs/kernel-notes.md,
         // "Short prefills").
-        // A split model's ranks run the ordinary path (their collectives are not recorded).
+        // A split model's ranks record steps of their own (`parallel.rs`).
         if t > GRAPH_MAX_ROWS
             || cache.offset() == 0
             || !super::graphs::graphs_enabled()
@@ -330,27 +330,9 @@ impl Decoder {
         {
             return Ok(None);
         }
-        // Recorded steps read dense weights (quantized layers run candle's quantized matmul).
-        let Some(gate_ups) = self
-            .blocks
-            .iter()
-            .map(|b| b.mlp.gate_up_weight())
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(gate_ups) = self.graph_weights() else {
             return Ok(None);
         };
-        if self.lm_head.is_quantized() || self.blocks.iter().any(|b| b.attn.is_quantized()) {
-            return Ok(None);
-        }
-        // A ring's step writes its K/V from the attention kernel (fused RoPE), modulo the ring.
-        let rings = self
-            .kinds
-            .iter()
-            .any(|k| matches!(k, LayerKind::Sliding { .. }));
-        let options = crate::engine::get();
-        if rings && !(options.fused_rope && options.ring_in_place) {
-            return Ok(None);
-        }
         let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
             return Ok(None);
         };
@@ -362,25 +344,7 @@ impl Decoder {
             key.push(u64::MAX);
             key.extend(taps.iter().map(|&l| l as u64));
         }
-        // Per layer: the attention's reach (a recording serves the steps of one reach: its
-        // kernels launch blocks for the keys below it only; a ring's is all its slots) and a
-        // ring's window and the positions its RoPE table must cover.
-        let mut layers = Vec::with_capacity(self.blocks.len());
-        for ((block, kind), (k, _, _)) in self.blocks.iter().zip(&self.kinds).zip(&bufs) {
-            let capacity = k.dim(2)?;
-            let (reach, ring, positions) = match *kind {
-                LayerKind::Full => (
-                    super::cuda::split_reach(capacity, len as usize),
-                    None,
-                    capacity,
-                ),
-                LayerKind::Sliding { window } => (capacity, Some(window), len as usize),
-            };
-            let (cos, _) = block.attn.rope_table(positions)?;
-            key.push(cos.dim(0)? as u64);
-            key.push(reach as u64);
-            layers.push((reach, ring.map(|w| (w, positions))));
-        }
+        let layers = self.graph_layers(&bufs, len, &mut key)?;
         // One recording per block length and output kind.
         let slot = 4 * t + 2 * usize::from(greedy) + usize::from(last && t > 1);
         let logits = self.graphs.run(
@@ -418,6 +382,60 @@ impl Decoder {
             cache.record_hidden(hidden);
         }
         Ok(Some(logits))
+    }
+
+    /// What a recorded step reads of each block, its gate/up weight, when every layer can be
+    /// recorded: dense weights (quantized layers run candle's quantized matmul), and rings
+    /// only where their K/V are written by the attention kernel (fused RoPE) in place.
+    #[cfg(feature = "cuda")]
+    pub(super) fn graph_weights(&self) -> Option<Vec<&Tensor>> {
+        let gate_ups = self
+            .blocks
+            .iter()
+            .map(|b| b.mlp.gate_up_weight())
+            .collect::<Option<Vec<_>>>()?;
+        if self.lm_head.is_quantized() || self.blocks.iter().any(|b| b.attn.is_quantized()) {
+            return None;
+        }
+        let rings = self
+            .kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Sliding { .. }));
+        let options = crate::engine::get();
+        if rings && !(options.fused_rope && options.ring_in_place) {
+            return None;
+        }
+        Some(gate_ups)
+    }
+
+    /// Per layer of a recorded step ending at `len` over the cache buffers `bufs`: the
+    /// attention's reach (a recording serves the steps of one reach: its kernels launch
+    /// blocks for the keys below it only; a ring's is all its slots) and a ring's window and
+    /// the positions its RoPE table must cover; each layer's part of the recording's `key`.
+    #[cfg(feature = "cuda")]
+    pub(super) fn graph_layers(
+        &self,
+        bufs: &[(Tensor, Tensor, u64)],
+        len: u32,
+        key: &mut Vec<u64>,
+    ) -> Result<Vec<GraphLayer>> {
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for ((block, kind), (k, _, _)) in self.blocks.iter().zip(&self.kinds).zip(bufs) {
+            let capacity = k.dim(2)?;
+            let (reach, ring, positions) = match *kind {
+                LayerKind::Full => (
+                    super::cuda::split_reach(capacity, len as usize),
+                    None,
+                    capacity,
+                ),
+                LayerKind::Sliding { window } => (capacity, Some(window), len as usize),
+            };
+            let (cos, _) = block.attn.rope_table(positions)?;
+            key.push(cos.dim(0)? as u64);
+            key.push(reach as u64);
+            layers.push((reach, ring.map(|w| (w, positions))));
+        }
+        Ok(layers)
     }
 
     /// Refuses empty input, out-of-vocabulary ids (device ids by their bound, unread) and
@@ -468,6 +486,11 @@ impl Decoder {
         Ok(())
     }
 }
+
+/// A recorded layer's attention reach and, for a ring, its window and RoPE positions (see
+/// [`Decoder::graph_layers`]).
+#[cfg(feature = "cuda")]
+pub(super) type GraphLayer = (usize, Option<(usize, usize)>);
 
 /// Keeps the residual stream entering layer `i` (`input`, its pending add made) when `taps`
 /// asks for it.
