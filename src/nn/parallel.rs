@@ -113,6 +113,14 @@ impl Decoder {
             .iter()
             .map(|p| Ok(first.to_device(p.embed.device())?))
             .collect::<Result<Vec<Tensor>>>()?;
+        // Every rank records and replays its steps, or none does: NCCL pairs one rank's
+        // captured collective with another's only if both are captured (a rank replaying a
+        // graph against one running eagerly hung). Steps that tap hidden states, and every
+        // step once a rank's recording failed, take the ordinary path on all ranks.
+        #[cfg(feature = "cuda")]
+        let graphs = taps.is_none() && self.graphs_on_every_rank(parallel);
+        #[cfg(not(feature = "cuda"))]
+        let graphs = false;
         let pool = |rank: usize| parallel.pool(rank);
         let (mine, peers) = std::thread::scope(|s| {
             let peers: Vec<_> = parallel
@@ -122,11 +130,16 @@ impl Decoder {
                 .zip(&peer_ids)
                 .enumerate()
                 .map(|(i, ((peer, run), ids))| {
-                    s.spawn(move || on(pool(i + 1), || peer.rank_forward(ids, offset, run, None)))
+                    s.spawn(move || {
+                        on(pool(i + 1), || {
+                            peer.rank_forward(ids, offset, run, None, graphs)
+                        })
+                    })
                 })
                 .collect();
             let mine = on(pool(0), || {
-                self.rank_forward(&first, offset, mine, Some((taps.as_deref(), last)))
+                let head = Some((taps.as_deref(), last));
+                self.rank_forward(&first, offset, mine, head, graphs)
             });
             (mine, peers.into_iter().map(join).collect::<Vec<_>>())
         });
@@ -140,15 +153,17 @@ impl Decoder {
         logits.ok_or_else(|| Error::invalid("rank 0 computed no logits"))
     }
 
-    /// This rank's layers over `ids` (`[t]` u32 on its device) and `run` (its caches); rank 0 (`head`: the layers to tap, and
-    /// whether only the last row's logits are wanted) also taps hidden states and runs the
-    /// final norm and LM head.
+    /// This rank's layers over `ids` (`[t]` u32 on its device) and `run` (its caches); rank 0
+    /// (`head`: the layers to tap, and whether only the last row's logits are wanted) also
+    /// taps hidden states and runs the final norm and LM head. `graphs`: every rank may
+    /// record or replay this step (see [`Decoder::forward_parallel`]).
     fn rank_forward(
         &self,
         ids: &Tensor,
         offset: usize,
         run: &mut [LayerCache],
         head: Option<(Option<&[usize]>, bool)>,
+        graphs: bool,
     ) -> Result<RankOutput> {
         let parallel = self
             .parallel
@@ -157,9 +172,13 @@ impl Decoder {
         let reduce = parallel.reduce();
         let out = (|| -> Result<RankOutput> {
             #[cfg(feature = "cuda")]
-            if let Some(out) = self.rank_graphed(ids, offset, run, head, reduce)? {
-                return Ok(out);
+            if graphs {
+                if let Some(out) = self.rank_graphed(ids, offset, run, head, reduce)? {
+                    return Ok(out);
+                }
             }
+            #[cfg(not(feature = "cuda"))]
+            let _ = graphs;
             let mut x = self.embed.index_select(ids, 0)?;
             if let Some(scale) = self.embed_scale {
                 x = (x * scale)?;
@@ -187,13 +206,17 @@ impl Decoder {
 
 #[cfg(feature = "cuda")]
 impl Decoder {
+    /// Whether no rank's recordings failed (see [`super::cuda::graph::Graphs::enabled`]).
+    fn graphs_on_every_rank(&self, parallel: &Parallel) -> bool {
+        self.graphs.enabled() && parallel.peers().iter().all(|p| p.graphs.enabled())
+    }
+
     /// This rank's step as a replayed CUDA graph with its all-reduces inside (NCCL
     /// collectives are captured like kernels), under the conditions of the one-device
     /// recorded step (`Decoder::forward_graphed`): a step of at most `GRAPH_MAX_ROWS` rows
-    /// after the first, graphs on, every layer's cache taking the step in place; no hidden
-    /// states tapped. `None` sends the rank down the ordinary path. Ranks decide alike (the
-    /// same rows, positions and options, caches grown alike), and a rank that records while
-    /// another replays or runs eagerly still issues the same collectives in the same order.
+    /// after the first, graphs on, every layer's cache taking the step in place. `None` sends
+    /// the rank down the ordinary path. Ranks decide alike: the same rows, positions and
+    /// options, caches grown alike.
     fn rank_graphed(
         &self,
         ids: &Tensor,

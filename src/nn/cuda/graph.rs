@@ -148,6 +148,11 @@ fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, len: u32) -> Result<()>
 }
 
 impl Graphs {
+    /// False once a recording failed here (every later step takes the ordinary path).
+    pub fn enabled(&self) -> bool {
+        self.inner.lock().is_ok_and(|i| !i.disabled)
+    }
+
     /// Steps recorded and kept (0 once a recording failed and the model went back to the
     /// ordinary path).
     pub fn recorded(&self) -> usize {
