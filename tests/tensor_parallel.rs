@@ -22,9 +22,11 @@ use common::host::rel_err;
 use common::run::fresh;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
-use specdec::models::{LoadOptions, Model};
+use specdec::engine::EngineOptions;
+use specdec::models::{load_eagle3, LoadOptions, Model};
 use specdec::speculative::{
-    Drafting, GammaPolicy, GenParams, LanguageModel, ModelDrafter, SamplingParams, TreeParams,
+    Drafter, Drafting, Eagle3Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter,
+    SamplingParams, TreeParams,
 };
 
 const FIXTURES: [&str; 6] = [
@@ -151,75 +153,99 @@ fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
 
 /// The shipped target split over 2 and 4 ranks (its 2 KV heads replicated at 4) generates
 /// the whole target's greedy tokens, plainly and speculatively (chains and trees with the
-/// shipped draft, both rotating strategies, far past the 64-token window); after each
-/// speculative run, in which steps commit part of their block and roll the rest back, every
-/// rank's caches hold the whole target's K/V of the generated sequence.
+/// shipped draft and with the shipped EAGLE-3 head, which reads the split target's hidden
+/// states; both rotating strategies; far past the 64-token window), with CUDA graphs off and
+/// on (where the ranks record their steps); after each speculative run, in which steps commit
+/// part of their block and roll the rest back, every rank's caches hold the whole target's
+/// K/V of the generated sequence.
 #[test]
 fn split_target_generates_the_whole_targets_greedy_tokens() {
     let _group = one_group_at_a_time();
     let whole = shipped("target");
     let draft = Arc::new(shipped("draft"));
     let prompt = tokens(24, whole.info().vocab_size, 7);
-    for strategy in [RotatingStrategy::Staged, slack()] {
-        let mut cache = whole.new_cache(strategy).unwrap();
-        let mut rng = StdRng::seed_from_u64(0);
-        let plain = fresh(
-            &whole,
-            &mut cache,
-            &prompt,
-            &greedy(120, 1),
-            Drafting::None,
-            &mut rng,
-        )
+    let trees = [
+        (4, TreeParams::chain()),
+        (
+            3,
+            TreeParams {
+                width: 2,
+                budget: 6,
+                ..TreeParams::chain()
+            },
+        ),
+    ];
+    let before = specdec::engine::get();
+    for graphs in [false, true] {
+        specdec::engine::set(EngineOptions {
+            cuda_graphs: graphs,
+            ..before
+        })
         .unwrap();
-        for world in ranks() {
-            let what = format!("{world} ranks, {strategy:?}");
-            let part = split(&repo_path("models/target"), world);
-            let mut split_cache = part.new_cache(strategy).unwrap();
-            let out = fresh(
-                &part,
-                &mut split_cache,
+        for strategy in [RotatingStrategy::Staged, slack()] {
+            let mut cache = whole.new_cache(strategy).unwrap();
+            let mut rng = StdRng::seed_from_u64(0);
+            let plain = fresh(
+                &whole,
+                &mut cache,
                 &prompt,
                 &greedy(120, 1),
                 Drafting::None,
                 &mut rng,
             )
             .unwrap();
-            assert_eq!(out.output_ids, plain.output_ids, "{what}: plain");
-            for (gamma, tree) in [
-                (4, TreeParams::chain()),
-                (
-                    3,
-                    TreeParams {
-                        width: 2,
-                        budget: 6,
-                        ..TreeParams::chain()
-                    },
-                ),
-            ] {
-                let mut drafter =
-                    ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap();
-                let drafting = Drafting::tree(&mut drafter, tree);
-                let sp = fresh(
+            for world in ranks() {
+                let what = format!("{world} ranks, {strategy:?}, graphs {graphs}");
+                let part = split(&repo_path("models/target"), world);
+                let mut split_cache = part.new_cache(strategy).unwrap();
+                let out = fresh(
                     &part,
                     &mut split_cache,
                     &prompt,
-                    &greedy(120, gamma),
-                    drafting,
+                    &greedy(120, 1),
+                    Drafting::None,
                     &mut rng,
                 )
                 .unwrap();
-                assert_eq!(
-                    sp.output_ids, plain.output_ids,
-                    "{what}: γ {gamma}, {tree:?}"
-                );
-                let rejected: usize =
-                    sp.proposed.iter().sum::<usize>() - sp.accepted.iter().sum::<usize>();
-                assert!(rejected > 0, "{what}: no step rolled anything back");
-                assert_same_kv(&cache, &split_cache, world, &format!("{what}: γ {gamma}"));
+                assert_eq!(out.output_ids, plain.output_ids, "{what}: plain");
+                let head = load_eagle3(
+                    &repo_path("models/eagle3"),
+                    part.num_layers(),
+                    part.embedding(),
+                )
+                .unwrap();
+                let head = Arc::new(head);
+                for (gamma, tree) in trees {
+                    let drafters: Vec<Box<dyn Drafter>> = vec![
+                        Box::new(
+                            ModelDrafter::new("draft", draft.clone(), strategy, None).unwrap(),
+                        ),
+                        Box::new(Eagle3Drafter::new("eagle3", head.clone()).unwrap()),
+                    ];
+                    for mut drafter in drafters {
+                        let name = drafter.name().to_string();
+                        let drafting = Drafting::tree(drafter.as_mut(), tree);
+                        let sp = fresh(
+                            &part,
+                            &mut split_cache,
+                            &prompt,
+                            &greedy(120, gamma),
+                            drafting,
+                            &mut rng,
+                        )
+                        .unwrap();
+                        let what = format!("{what}: {name}, γ {gamma}, {tree:?}");
+                        assert_eq!(sp.output_ids, plain.output_ids, "{what}");
+                        let rejected: usize =
+                            sp.proposed.iter().sum::<usize>() - sp.accepted.iter().sum::<usize>();
+                        assert!(rejected > 0, "{what}: no step rolled anything back");
+                        assert_same_kv(&cache, &split_cache, world, &what);
+                    }
+                }
             }
         }
     }
+    specdec::engine::set(before).unwrap();
 }
 
 /// A cache in which one rank's layers moved without the others' (what a commit or rollback
