@@ -90,9 +90,10 @@ impl Weights {
     }
 
     /// Random weights for speed measurements at a published shape without its checkpoint
-    /// (a config alone): every matrix drawn from N(0, 0.02²) on the device, every vector
-    /// (norm weights, biases) ones. Only the parts a rank asks for are drawn, so a model
-    /// larger than one device's memory can be built shard by shard.
+    /// (a config alone): every matrix drawn from N(0, 0.02²) on the device, seeded by its name
+    /// (and part), so every load draws the same weights and every rank the same copy of a
+    /// replicated tensor; every vector (norm weights, biases) ones. Only the parts a rank asks
+    /// for are drawn, so a model larger than one device's memory can be built shard by shard.
     pub fn random(device: &Device, dtype: DType) -> Self {
         Self {
             files: Vec::new(),
@@ -345,11 +346,10 @@ impl Weights {
         }
         if self.random {
             let (kept, _) = cut_shape(shape, cut);
-            let t = match kept.len() {
-                1 => Tensor::ones(kept, DType::F32, &self.device)?,
-                _ => Tensor::randn(0f32, 0.02, kept, &self.device)?,
-            };
-            return Ok(t);
+            if kept.len() == 1 {
+                return Ok(Tensor::ones(kept, DType::F32, &self.device)?);
+            }
+            return random_normal(&kept, seed_of(name, cut), &self.device);
         }
         if let Some(gguf) = &self.gguf {
             let mut t = gguf.dequantize(name, shape)?;
@@ -369,6 +369,36 @@ impl Weights {
             Tensor::from_raw_buffer(&data, stored, &shape, &self.device).map_err(bad)
         })
     }
+}
+
+/// A seed for tensor `name` (its part `cut`): the same on every rank and in every run, so the
+/// ranks' copies of a replicated tensor agree and runs on random weights repeat (FNV-1a).
+fn seed_of(name: &str, cut: Option<Cut>) -> u64 {
+    let start = cut.map_or(0, |c| c.start as u64 * 2 + c.dim as u64 + 1);
+    name.bytes()
+        .chain(start.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// `[shape]` f32 drawn from N(0, 0.02²) by a generator seeded with `seed`: on a GPU its own
+/// generator, on the CPU a seeded Box-Muller (candle's CPU generator takes no seed).
+fn random_normal(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+    if device.is_cpu() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let values = (0..n)
+            .map(|_| {
+                let (u, v): (f32, f32) = (1.0 - rng.random::<f32>(), rng.random());
+                0.02 * (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+            })
+            .collect::<Vec<f32>>();
+        return Ok(Tensor::from_vec(values, shape, device)?);
+    }
+    device.set_seed(seed)?;
+    Ok(Tensor::randn(0f32, 0.02, shape, device)?)
 }
 
 /// The shape of the part `cut` of a `shape` tensor, and the elements in one row of `shape`
@@ -458,4 +488,41 @@ pub(crate) fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
     }
     let dir = index.parent().unwrap_or(Path::new("."));
     Ok(shards.into_iter().map(|f| dir.join(f)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn max_diff(x: &Tensor, y: &Tensor) -> f32 {
+        (x - y)
+            .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+            .unwrap()
+    }
+
+    /// Random weights repeat per name and part, differ between names and parts, have the
+    /// asked standard deviation; vectors are ones.
+    #[test]
+    fn random_weights_are_seeded_by_name_and_part() {
+        let w = Weights::random(&Device::Cpu, DType::F32);
+        let a = w.get("a.weight", &[64, 32]).unwrap();
+        assert_eq!(max_diff(&a, &w.get("a.weight", &[64, 32]).unwrap()), 0.0);
+        assert!(max_diff(&a, &w.get("b.weight", &[64, 32]).unwrap()) > 0.0);
+        let std = a.sqr().unwrap().mean_all().unwrap();
+        let std = std.to_scalar::<f32>().unwrap().sqrt();
+        assert!((std - 0.02).abs() < 0.002, "standard deviation {std}");
+        let part = |start| {
+            let cut = Cut {
+                dim: 1,
+                start,
+                len: 16,
+            };
+            w.get_part("a.weight", &[64, 32], 1.0, Some(cut)).unwrap()
+        };
+        assert_eq!(part(16).dims(), &[64, 16]);
+        assert_eq!(max_diff(&part(16), &part(16)), 0.0);
+        assert!(max_diff(&part(0), &part(16)) > 0.0);
+        let norm = w.get("n.weight", &[8]).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(norm, vec![1.0; 8]);
+    }
 }
