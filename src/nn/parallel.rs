@@ -113,10 +113,10 @@ impl Decoder {
             .iter()
             .map(|p| Ok(first.to_device(p.embed.device())?))
             .collect::<Result<Vec<Tensor>>>()?;
-        // Every rank records and replays its steps, or none does: NCCL pairs one rank's
-        // captured collective with another's only if both are captured (a rank replaying a
-        // graph against one running eagerly hung). Steps that tap hidden states, and every
-        // step once a rank's recording failed, take the ordinary path on all ranks.
+        // Every rank records and replays its steps, or none does, so that no all-reduce is
+        // captured on one rank and eager on another (such a mix is the likeliest reason exp
+        // hung on two GPUs). Steps that tap hidden states, and every step once a rank's
+        // recording failed, take the ordinary path on all ranks.
         #[cfg(feature = "cuda")]
         let graphs = taps.is_none() && self.graphs_on_every_rank(parallel);
         #[cfg(not(feature = "cuda"))]
