@@ -525,4 +525,56 @@ mod tests {
         let norm = w.get("n.weight", &[8]).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(norm, vec![1.0; 8]);
     }
+
+    /// A rank's part of a stored tensor is the narrow of the whole tensor: row and column
+    /// parts of a matrix and a vector's part, stored in bf16 and in f32, loaded as f32 on the
+    /// CPU (widened from the cut bytes) and as stored (raw bytes), and stacked.
+    #[test]
+    fn parts_of_stored_tensors_are_narrows_of_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Tensor::arange(0f32, 48.0, &Device::Cpu)
+            .unwrap()
+            .reshape((6, 8))
+            .unwrap();
+        let v = Tensor::arange(0f32, 6.0, &Device::Cpu).unwrap();
+        let tensors = std::collections::HashMap::from([
+            ("m16".to_string(), m.to_dtype(DType::BF16).unwrap()),
+            ("m32".to_string(), m.clone()),
+            ("v16".to_string(), v.to_dtype(DType::BF16).unwrap()),
+        ]);
+        candle_core::safetensors::save(&tensors, dir.path().join(SINGLE_FILE)).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let w = Weights::open(dir.path(), &Device::Cpu, dtype).unwrap();
+            for (name, shape) in [("m16", &[6, 8][..]), ("m32", &[6, 8]), ("v16", &[6])] {
+                let whole = w.get(name, shape).unwrap();
+                let dims: &[usize] = if shape.len() == 2 { &[0, 1] } else { &[0] };
+                for &dim in dims {
+                    let cut = Cut {
+                        dim,
+                        start: 2,
+                        len: 2,
+                    };
+                    let part = w.get_part(name, shape, 1.0, Some(cut)).unwrap();
+                    let want = whole.narrow(dim, 2, 2).unwrap();
+                    let (part, want) = (
+                        part.to_dtype(DType::F32).unwrap(),
+                        want.to_dtype(DType::F32).unwrap(),
+                    );
+                    assert_eq!(max_diff(&part, &want), 0.0, "{name} {dtype:?} {cut:?}");
+                }
+            }
+            let rows = Some(Cut {
+                dim: 0,
+                start: 4,
+                len: 2,
+            });
+            let stacked = w
+                .get_stacked(&[("m32", &[6, 8], 1.0, rows), ("m16", &[6, 8], 2.0, None)])
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            let want = Tensor::cat(&[m.narrow(0, 4, 2).unwrap(), (&m * 2.0).unwrap()], 0).unwrap();
+            assert_eq!(max_diff(&stacked, &want), 0.0, "stacked {dtype:?}");
+        }
+    }
 }
