@@ -107,7 +107,8 @@ impl Decoder {
         // Every rank's ids on its device before any rank starts: a peer copying them from
         // rank 0's stream once rank 0 has queued its first all-reduce would wait on that
         // all-reduce, which waits on the peer (a deadlock).
-        let first = ids.tensor(self.embed.device())?;
+        let device = self.embed.device();
+        let first = ids.tensor(device)?.to_device(device)?;
         let peer_ids = parallel
             .peers()
             .iter()
