@@ -57,6 +57,16 @@ for path in "$run"/*; do
     echo "| \`$bin\` | f32 | skipped (SPECDEC_GPU_TESTS_SKIP) |" >> "$report"
     continue
   fi
+  if [ "$bin" = tensor_parallel ]; then
+    # A split target needs several GPUs and a build linking NCCL (SPECDEC_NCCL=1).
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "$gpus" -lt 2 ] || ! ldd "$path" 2>/dev/null | grep -q libnccl; then
+      echo "| \`$bin\` | f32 | skipped ($gpus GPU(s)$(ldd "$path" 2>/dev/null | grep -q libnccl || echo ', a build without NCCL'): see scripts/gpu-tensor-parallel.sh) |" >> "$report"
+      continue
+    fi
+    SPECDEC_TEST_RANKS=$([ "$gpus" -ge 4 ] && echo 2,4 || echo 2) one "$bin" f32
+    continue
+  fi
   one "$bin" f32
 done
 one models bf16 logits_match_transformers
