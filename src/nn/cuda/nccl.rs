@@ -18,7 +18,8 @@ use crate::nn::shard::AllReduce;
 #[derive(Debug)]
 struct NcclReduce {
     comm: Comm,
-    aborted: AtomicBool,
+    /// Shared by the group's ranks: set by a rank that failed part-way through a forward.
+    aborted: Arc<AtomicBool>,
 }
 
 // SAFETY: a communicator is used by one thread at a time: its rank's forward (ranks run one
@@ -49,12 +50,13 @@ pub(crate) fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
     }
     let comms = Comm::from_devices(streams)
         .map_err(|e| Error::invalid(format!("NCCL could not start on GPUs {ordinals:?}: {e:?}")))?;
+    let aborted = Arc::new(AtomicBool::new(false));
     Ok(comms
         .into_iter()
         .map(|comm| {
             Arc::new(NcclReduce {
                 comm,
-                aborted: AtomicBool::new(false),
+                aborted: aborted.clone(),
             }) as Arc<dyn AllReduce>
         })
         .collect())
@@ -70,6 +72,9 @@ impl AllReduce for NcclReduce {
         Ok(x.contiguous()?.apply_op1_no_bwd(self)?)
     }
 
+    /// Every rank's later reductions fail at once. Collectives already queued stay queued:
+    /// NCCL kernels waiting for the failed rank's part keep their GPUs until the process
+    /// ends (ncclCommAbort is not called).
     fn abort(&self) {
         self.aborted.store(true, Ordering::Release);
     }
