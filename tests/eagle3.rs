@@ -14,13 +14,11 @@ use candle_core::Tensor;
 use common::checkpoint::{repo_path, shipped};
 use common::eagle3::random_head;
 use common::host::rel_err;
-use common::run::fresh;
+use common::run::{fresh, greedy};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::models::{load_eagle3, Model};
-use specdec::speculative::{
-    Drafting, Eagle3Drafter, GammaPolicy, GenParams, LanguageModel, SamplingParams, TreeParams,
-};
+use specdec::speculative::{Drafting, Eagle3Drafter, LanguageModel, TreeParams};
 
 const STRATEGIES: [RotatingStrategy; 2] = [
     RotatingStrategy::Staged,
@@ -78,15 +76,6 @@ fn hidden_states_follow_the_cache_transactions() {
         let err = rel_err(&rows, &expected, 1e-3);
         let tol = common::decode::tolerance();
         assert!(err < tol, "{strategy:?}: relative error {err}");
-    }
-}
-
-fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
-    GenParams {
-        max_new_tokens,
-        sampling: SamplingParams::greedy(),
-        gamma: GammaPolicy::Fixed(gamma),
-        stop_at_eos: false,
     }
 }
 

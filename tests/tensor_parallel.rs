@@ -19,14 +19,13 @@ use common::checkpoint::{load_with, repo_path, shipped};
 use common::decode::{argmax_rows, tokens, tolerance, MIN_SCALE, TOL};
 use common::device::load_options;
 use common::host::rel_err;
-use common::run::fresh;
+use common::run::{fresh, greedy};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::engine::EngineOptions;
 use specdec::models::{load_eagle3, LoadOptions, Model};
 use specdec::speculative::{
-    Drafter, Drafting, Eagle3Drafter, GammaPolicy, GenParams, LanguageModel, ModelDrafter,
-    SamplingParams, TreeParams,
+    Drafter, Drafting, Eagle3Drafter, LanguageModel, ModelDrafter, TreeParams,
 };
 
 const FIXTURES: [&str; 6] = [
@@ -139,15 +138,6 @@ fn split_forwards_equal_the_whole_model() {
             }
             assert_same_kv(&a, &b, world, &what);
         }
-    }
-}
-
-fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
-    GenParams {
-        max_new_tokens,
-        sampling: SamplingParams::greedy(),
-        gamma: GammaPolicy::Fixed(gamma),
-        stop_at_eos: false,
     }
 }
 

@@ -109,10 +109,14 @@ impl Decoder {
         // all-reduce, which waits on the peer (a deadlock).
         let device = self.embed.device();
         let first = ids.tensor(device)?.to_device(device)?;
+        // Host ids go to each device straight from the host; device ids through it.
         let peer_ids = parallel
             .peers()
             .iter()
-            .map(|p| Ok(first.to_device(p.embed.device())?))
+            .map(|p| match ids {
+                StepIds::Host(_) => ids.tensor(p.embed.device()),
+                StepIds::Device(_) => Ok(first.to_device(p.embed.device())?),
+            })
             .collect::<Result<Vec<Tensor>>>()?;
         // Every rank records and replays its steps, or none does, so that no all-reduce is
         // captured on one rank and eager on another (such a mix is the likeliest reason exp
@@ -180,13 +184,9 @@ impl Decoder {
             }
             #[cfg(not(feature = "cuda"))]
             let _ = graphs;
-            let mut x = self.embed.index_select(ids, 0)?;
-            if let Some(scale) = self.embed_scale {
-                x = (x * scale)?;
-            }
             let taps = head.and_then(|(t, _)| t.map(<[usize]>::to_vec));
             let mut tapped = Vec::new();
-            let mut input = Input::Embedded(x);
+            let mut input = Input::Embedded(self.embed_rows(ids, false)?);
             for (i, (block, layer)) in self.blocks.iter().zip(run).enumerate() {
                 tap(&taps, i, &input, &mut tapped)?;
                 input = block.forward_sharded(input, offset, layer, reduce)?;
@@ -258,11 +258,7 @@ impl Decoder {
             len,
             None,
             |ids, len, _| {
-                let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
-                if let Some(scale) = self.embed_scale {
-                    x = (x * scale)?;
-                }
-                let mut input = Input::Embedded(x);
+                let mut input = Input::Embedded(self.embed_rows(ids, true)?);
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
                 for (((block, (k, v, _)), gate_up), (reach, ring)) in per_layer {
                     let gate_up = *gate_up;

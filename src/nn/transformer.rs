@@ -181,6 +181,23 @@ impl Decoder {
         self.on_pool_if_cpu(|| self.forward_rows(ids, cache, last))
     }
 
+    /// The embeddings of `ids` (`[t]` u32 on the model's device), scaled where the
+    /// architecture does (Gemma): `[t, hidden]`. `recorded`: inside a CUDA-graph recording,
+    /// where the rows are kept alive to the end of the capture ([`super::fused::made`]).
+    pub(super) fn embed_rows(&self, ids: &Tensor, recorded: bool) -> Result<Tensor> {
+        let mut x = self.embed.index_select(ids, 0)?;
+        #[cfg(feature = "cuda")]
+        if recorded {
+            x = super::fused::made(x);
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = recorded;
+        if let Some(scale) = self.embed_scale {
+            x = (x * scale)?;
+        }
+        Ok(x)
+    }
+
     /// Ranks the model is split over (1: not split).
     pub fn ranks(&self) -> usize {
         self.parallel.as_ref().map_or(1, |p| p.world())
@@ -221,10 +238,7 @@ impl Decoder {
         let offset = cache.offset();
         profile::start(&self.embed)?;
         let ids = tokens.tensor(self.embed.device())?;
-        let mut x = self.embed.index_select(&ids, 0)?; // [t, hidden]
-        if let Some(scale) = self.embed_scale {
-            x = (x * scale)?;
-        }
+        let x = self.embed_rows(&ids, false)?;
         profile::mark("embedding", &x)?;
         let mut input = Input::Embedded(x);
         let taps = cache.hidden_layers().map(<[usize]>::to_vec);
@@ -355,11 +369,7 @@ impl Decoder {
             len,
             None,
             |ids, len, _| {
-                let mut x = super::fused::made(self.embed.index_select(ids, 0)?);
-                if let Some(scale) = self.embed_scale {
-                    x = (x * scale)?;
-                }
-                let mut input = Input::Embedded(x);
+                let mut input = Input::Embedded(self.embed_rows(ids, true)?);
                 let mut tapped = Vec::new();
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
                 for (i, (((block, (k, v, _)), gate_up), (reach, ring))) in per_layer.enumerate() {

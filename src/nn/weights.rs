@@ -295,6 +295,7 @@ impl Weights {
             .sum();
         let mut values: Vec<f32> = Vec::with_capacity(shape.iter().product());
         for &(name, part_shape, scale, rows) in parts {
+            check_cut(name, part_shape, rows)?;
             self.with_bytes(name, part_shape, |_, data, stored| {
                 let data = cut_bytes(data, part_shape, stored.size_in_bytes(), rows);
                 extend_f32(&mut values, &data.0, stored, scale as f32);
@@ -337,13 +338,7 @@ impl Weights {
     /// Tensor `name` (checked to have `shape`), or its part `cut`, on the device: widened
     /// straight to f32 on the CPU when `want` is f32, else in its stored dtype.
     fn load(&self, name: &str, shape: &[usize], want: DType, cut: Option<Cut>) -> Result<Tensor> {
-        if let Some(c) = cut {
-            if shape.len() > 2 || c.dim >= shape.len() || c.start + c.len > shape[c.dim] {
-                return Err(Error::invalid(format!(
-                    "tensor `{name}` of shape {shape:?}: cannot take {c:?}"
-                )));
-            }
-        }
+        check_cut(name, shape, cut)?;
         if self.random {
             let (kept, _) = cut_shape(shape, cut);
             if kept.len() == 1 {
@@ -368,6 +363,18 @@ impl Weights {
             }
             Tensor::from_raw_buffer(&data, stored, &shape, &self.device).map_err(bad)
         })
+    }
+}
+
+/// Refuses a part `cut` that does not lie inside a `shape` tensor of at most two dimensions.
+fn check_cut(name: &str, shape: &[usize], cut: Option<Cut>) -> Result<()> {
+    match cut {
+        Some(c) if shape.len() > 2 || c.dim >= shape.len() || c.start + c.len > shape[c.dim] => {
+            Err(Error::invalid(format!(
+                "tensor `{name}` of shape {shape:?}: cannot take {c:?}"
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -3,7 +3,8 @@
 use rand::rngs::StdRng;
 use specdec::cache::ModelCache;
 use specdec::speculative::{
-    generate, CachedSequence, Drafting, GenParams, GenerationRecord, LanguageModel,
+    generate, CachedSequence, Drafting, GammaPolicy, GenParams, GenerationRecord, LanguageModel,
+    SamplingParams,
 };
 use specdec::Result;
 
@@ -24,4 +25,14 @@ pub fn fresh<M: LanguageModel>(
     let record = generate(target, &mut seq, prompt, params, drafting, rng);
     *cache = seq.into_cache();
     record
+}
+
+/// Greedy generation of `max_new_tokens` tokens, `gamma` drafts a step, past any EOS.
+pub fn greedy(max_new_tokens: usize, gamma: usize) -> GenParams {
+    GenParams {
+        max_new_tokens,
+        sampling: SamplingParams::greedy(),
+        gamma: GammaPolicy::Fixed(gamma),
+        stop_at_eos: false,
+    }
 }
