@@ -153,15 +153,9 @@ impl Model {
                     )));
                 }
                 let devices = rank_devices(&opts.device, world)?;
-                let weights = std::sync::Mutex::new(Some(weights));
+                // Each rank maps the checkpoint on its own device (a mapping costs nothing
+                // until read; each rank reads only its part).
                 Decoder::load_parallel(&spec, &devices, |device| {
-                    // Rank 0 reuses the checkpoint opened above; the others open it on
-                    // their own device.
-                    if device.same_device(&opts.device) {
-                        if let Some(w) = weights.lock().ok().and_then(|mut w| w.take()) {
-                            return Ok(w);
-                        }
-                    }
                     let opts = LoadOptions {
                         device: device.clone(),
                         ..opts.clone()
