@@ -13,10 +13,10 @@
 #   big     an 8B-shaped checkpoint written by transformers (random bf16), split at RANKS in
 #           f32: its greedy tokens against the whole model's (the ignored test)
 #   bench   gpu_decode on random bf16 weights at 128 tokens: the 8B shape on one GPU and at
-#           the largest of RANKS, the 70B shape at the largest of RANKS with and without graphs,
-#           the 1B shape (for the cost ratio)
+#           the largest of RANKS, the 70B shape at each of RANKS with graphs and at the
+#           largest without, the 1B shape (for the cost ratio)
 #   oracle  exp: the oracle drafter (alpha 0.8 and 0.6, gamma 4, the 1B shape's forwards for
-#           their cost) on the 70B shape at the largest of RANKS
+#           their cost) on the 70B shape at each of RANKS
 # Each step's output goes to OUT/<step>*.log as it runs (a call cut short keeps what it has).
 # NCCL comes from the Python environment's nvidia-nccl-cu13 wheel; NVLink multicast stays off.
 set -uo pipefail
@@ -25,6 +25,8 @@ out=${1:?usage: scripts/gpu-tensor-parallel.sh OUT [STEPS] [RANKS]}
 steps=",${2:-tests,bench,oracle},"
 ranks=${3:-2,4}
 top=$(echo "$ranks" | tr ',' '\n' | sort -n | tail -1)
+count=$(echo "$ranks" | tr ',' '\n' | wc -l)
+l70s=$(printf '/tmp/shapes/l70,%.0s' $(seq "$count"))
 mkdir -p "$out"
 nccl=$(python3 - <<'PY'
 import glob, os, site, sys
@@ -88,12 +90,13 @@ if [[ $steps == *,bench,* ]]; then
   export SPECDEC_BENCH_RANDOM=1 SPECDEC_BENCH_DTYPE=bf16 SPECDEC_BENCH_CONTEXTS=128 SPECDEC_BENCH_ROUNDS=6
   SPECDEC_BENCH_MODEL=/tmp/shapes/l8,/tmp/shapes/l8 SPECDEC_BENCH_TP=1,$top SPECDEC_BENCH_JSON=$out/decode-8b.json \
     timeout 200 $run/benches/gpu_decode 2>&1 | tee "$out/decode-8b.log"
-  SPECDEC_BENCH_MODEL=/tmp/shapes/l70,/tmp/shapes/l1 SPECDEC_BENCH_TP=$top,1 SPECDEC_BENCH_JSON=$out/decode-70b.json \
+  SPECDEC_BENCH_MODEL=${l70s}/tmp/shapes/l1 SPECDEC_BENCH_TP=$ranks,1 SPECDEC_BENCH_JSON=$out/decode-70b.json \
     timeout 200 $run/benches/gpu_decode 2>&1 | tee "$out/decode-70b.log"
   SPECDEC_CUDA_GRAPHS=0 SPECDEC_BENCH_MODEL=/tmp/shapes/l70 SPECDEC_BENCH_TP=$top \
     timeout 200 $run/benches/gpu_decode 2>&1 | tee "$out/decode-70b-nographs.log"
 fi
 if [[ $steps == *,oracle,* ]]; then
+  for n in ${ranks//,/ }; do
   cat > /tmp/oracle70.toml <<TOML
 name = "tp-oracle-70b"
 seed = 0
@@ -105,7 +108,7 @@ random_weights = true
 repeats = 1
 [target]
 path = "/tmp/shapes/l70"
-tensor_parallel = $top
+tensor_parallel = $n
 [drafters.oracle80]
 kind = "oracle"
 alpha = 0.8
@@ -125,6 +128,7 @@ temperature = [0.0]
 cache = ["slack"]
 TOML
   rm -rf /tmp/oracle70
-  timeout 300 $run/bin/exp run /tmp/oracle70.toml --out /tmp/oracle70 --no-progress 2>&1 | tee "$out/oracle.log"
-  cp /tmp/oracle70/summary.md "$out/oracle-summary.md" 2>/dev/null || true
+  timeout 300 $run/bin/exp run /tmp/oracle70.toml --out /tmp/oracle70 --no-progress 2>&1 | tee "$out/oracle-tp$n.log"
+  cp /tmp/oracle70/summary.md "$out/oracle-tp$n-summary.md" 2>/dev/null || true
+  done
 fi

@@ -25,7 +25,8 @@ use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::engine::EngineOptions;
 use specdec::models::{load_eagle3, LoadOptions, Model};
 use specdec::speculative::{
-    Drafter, Drafting, Eagle3Drafter, LanguageModel, ModelDrafter, TreeParams,
+    generate, CachedSequence, Drafter, Drafting, Eagle3Drafter, LanguageModel, ModelDrafter,
+    TreeParams,
 };
 
 const FIXTURES: [&str; 6] = [
@@ -233,6 +234,50 @@ fn split_target_generates_the_whole_targets_greedy_tokens() {
                     }
                 }
             }
+        }
+    }
+    specdec::engine::set(before).unwrap();
+}
+
+/// A held prompt extended by a few tokens (exp's prefix reuse, a conversation's next turn: a
+/// block of rows after the first whose last row's logits are wanted) gives the whole
+/// target's logits on the split target, after speculative steps whose verification blocks
+/// had as many rows. On CUDA with graphs, every rank records or replays that step alike
+/// (NCCL hangs when one rank replays a recorded all-reduce while another captures or runs
+/// it eagerly).
+#[test]
+fn a_split_target_extends_a_held_prompt_like_the_whole_target() {
+    let _group = one_group_at_a_time();
+    let whole = shipped("target");
+    let draft = Arc::new(shipped("draft"));
+    let vocab = whole.info().vocab_size;
+    let prompt = tokens(24, vocab, 7);
+    let before = specdec::engine::get();
+    specdec::engine::set(EngineOptions {
+        cuda_graphs: true,
+        ..before
+    })
+    .unwrap();
+    let extended = |model: &Model| -> Tensor {
+        let mut seq = CachedSequence::new(model.new_cache(slack()).unwrap());
+        let mut drafter = ModelDrafter::new("draft", draft.clone(), slack(), None).unwrap();
+        let mut rng = StdRng::seed_from_u64(0);
+        // γ = 4: verification blocks of 5 rows, then a 5-row extension.
+        let drafting = Drafting::chain(&mut drafter);
+        generate(model, &mut seq, &prompt, &greedy(32, 4), drafting, &mut rng).unwrap();
+        let mut longer = seq.tokens().to_vec();
+        longer.extend(tokens(5, vocab, 9));
+        let (logits, stats) = seq.prefill(model, &longer).unwrap();
+        assert_eq!((stats.reused, stats.computed), (longer.len() - 5, 5));
+        logits
+    };
+    let want = extended(&whole);
+    for world in ranks() {
+        let got = extended(&split(&repo_path("models/target"), world));
+        let err = rel_err(&got, &want, MIN_SCALE);
+        assert!(err <= tolerance(), "{world} ranks: logits off by {err}");
+        if tolerance() == TOL {
+            assert_eq!(argmax_rows(&got), argmax_rows(&want), "{world} ranks");
         }
     }
     specdec::engine::set(before).unwrap();

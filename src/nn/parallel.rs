@@ -27,6 +27,16 @@ use crate::error::{Error, Result};
 /// What one rank's forward hands back: rank 0's logits and tapped hidden states.
 type RankOutput = (Option<Tensor>, Option<Tensor>);
 
+/// What every rank is told of a step beyond its ids: where its caches stand and whether
+/// only the last row's logits are wanted. Every rank sees the same, so that their recorded
+/// steps are the same kinds of step (see [`Decoder::rank_graphed`]).
+#[derive(Clone, Copy)]
+struct RankStep {
+    offset: usize,
+    last: bool,
+    graphs: bool,
+}
+
 impl Decoder {
     /// `spec` split over one rank per device of `devices` (rank order; all CPU, or all
     /// CUDA): each rank's weights from `weights_on(its device)`, its part cut at load
@@ -126,6 +136,11 @@ impl Decoder {
         let graphs = taps.is_none() && self.graphs_on_every_rank(parallel);
         #[cfg(not(feature = "cuda"))]
         let graphs = false;
+        let step = RankStep {
+            offset,
+            last,
+            graphs,
+        };
         let pool = |rank: usize| parallel.pool(rank);
         let (mine, peers) = std::thread::scope(|s| {
             let peers: Vec<_> = parallel
@@ -135,16 +150,11 @@ impl Decoder {
                 .zip(&peer_ids)
                 .enumerate()
                 .map(|(i, ((peer, run), ids))| {
-                    s.spawn(move || {
-                        on(pool(i + 1), || {
-                            peer.rank_forward(ids, offset, run, None, graphs)
-                        })
-                    })
+                    s.spawn(move || on(pool(i + 1), || peer.rank_forward(ids, run, None, step)))
                 })
                 .collect();
             let mine = on(pool(0), || {
-                let head = Some((taps.as_deref(), last));
-                self.rank_forward(&first, offset, mine, head, graphs)
+                self.rank_forward(&first, mine, Some(taps.as_deref()), step)
             });
             (mine, peers.into_iter().map(join).collect::<Vec<_>>())
         });
@@ -159,17 +169,21 @@ impl Decoder {
     }
 
     /// This rank's layers over `ids` (`[t]` u32 on its device) and `run` (its caches); rank 0
-    /// (`head`: the layers to tap, and whether only the last row's logits are wanted) also
-    /// taps hidden states and runs the final norm and LM head. `graphs`: every rank may
-    /// record or replay this step (see [`Decoder::forward_parallel`]).
+    /// (`head`: `Some(the layers to tap)`) also taps hidden states and runs the final norm
+    /// and LM head. `step.graphs`: every rank may record or replay this step (see
+    /// [`Decoder::forward_parallel`]).
     fn rank_forward(
         &self,
         ids: &Tensor,
-        offset: usize,
         run: &mut [LayerCache],
-        head: Option<(Option<&[usize]>, bool)>,
-        graphs: bool,
+        head: Option<Option<&[usize]>>,
+        step: RankStep,
     ) -> Result<RankOutput> {
+        let RankStep {
+            offset,
+            last,
+            graphs,
+        } = step;
         let parallel = self
             .parallel
             .as_ref()
@@ -178,13 +192,13 @@ impl Decoder {
         let out = (|| -> Result<RankOutput> {
             #[cfg(feature = "cuda")]
             if graphs {
-                if let Some(out) = self.rank_graphed(ids, offset, run, head, reduce)? {
+                if let Some(out) = self.rank_graphed(ids, run, head.is_some(), step, reduce)? {
                     return Ok(out);
                 }
             }
             #[cfg(not(feature = "cuda"))]
             let _ = graphs;
-            let taps = head.and_then(|(t, _)| t.map(<[usize]>::to_vec));
+            let taps = head.flatten().map(<[usize]>::to_vec);
             let mut tapped = Vec::new();
             let mut input = Input::Embedded(self.embed_rows(ids, false)?);
             for (i, (block, layer)) in self.blocks.iter().zip(run).enumerate() {
@@ -194,7 +208,7 @@ impl Decoder {
             tap(&taps, self.blocks.len(), &input, &mut tapped)?;
             let hidden = self.tapped_rows(&taps, tapped)?;
             match head {
-                Some((_, last)) => Ok((Some(self.head(input, last, true)?), hidden)),
+                Some(_) => Ok((Some(self.head(input, last, true)?), hidden)),
                 None => Ok((None, hidden)),
             }
         })();
@@ -215,26 +229,29 @@ impl Decoder {
     /// This rank's step as a replayed CUDA graph with its all-reduces inside (NCCL
     /// collectives are captured like kernels), under the conditions of the one-device
     /// recorded step (`Decoder::forward_graphed`): a step of at most `GRAPH_MAX_ROWS` rows
-    /// after the first, graphs on, every layer's cache taking the step in place. `None` sends
-    /// the rank down the ordinary path. Ranks decide alike: the same rows, positions and
-    /// options, caches grown alike.
+    /// after the first, graphs on, every layer's cache taking the step in place, no hidden
+    /// states tapped. `None` sends the rank down the ordinary path. `lead`: rank 0, which
+    /// also runs the LM head.
+    ///
+    /// NCCL's contract: a collective is captured on every rank or on none, and a graph
+    /// holding one is replayed on every rank together. So ranks must decide alike, and do:
+    /// the same rows, positions, options and `step` (a peer files its recording under rank
+    /// 0's slot, `last` included, though its own work does not depend on it), caches grown
+    /// alike, recordings dropped in the same order.
     fn rank_graphed(
         &self,
         ids: &Tensor,
-        offset: usize,
         run: &mut [LayerCache],
-        head: Option<(Option<&[usize]>, bool)>,
+        lead: bool,
+        step: RankStep,
         reduce: &dyn AllReduce,
     ) -> Result<Option<RankOutput>> {
+        let RankStep { offset, last, .. } = step;
         let candle_core::Device::Cuda(dev) = self.embed.device() else {
             return Ok(None);
         };
         let t = ids.dim(0)?;
-        let tapped = head.is_some_and(|(taps, _)| taps.is_some());
-        if t > super::transformer::GRAPH_MAX_ROWS
-            || offset == 0
-            || !super::graphs::graphs_enabled()
-            || tapped
+        if t > super::transformer::GRAPH_MAX_ROWS || offset == 0 || !super::graphs::graphs_enabled()
         {
             return Ok(None);
         }
@@ -247,7 +264,7 @@ impl Decoder {
         let len = (offset + t) as u32;
         let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
         let layers = self.graph_layers(&bufs, len, &mut key)?;
-        let last = head.is_some_and(|(_, last)| last && t > 1);
+        let last = last && t > 1;
         let slot = 4 * t + usize::from(last);
         let step_ids = super::tokens::DeviceTokens::from_argmax(ids.clone(), self.vocab_size);
         let out = self.graphs.run(
@@ -267,9 +284,9 @@ impl Decoder {
                     })?;
                 }
                 // Ranks past 0 hand out their last stream (the recording's output).
-                match head {
-                    Some(_) => Ok((self.head(input, last, true)?, None)),
-                    None => Ok((input.into_stream()?, None)),
+                match lead {
+                    true => Ok((self.head(input, last, true)?, None)),
+                    false => Ok((input.into_stream()?, None)),
                 }
             },
         )?;
@@ -277,7 +294,7 @@ impl Decoder {
             return Ok(None);
         };
         crate::cache::advance_layers(run, t);
-        Ok(Some((head.map(|_| out), None)))
+        Ok(Some((lead.then_some(out), None)))
     }
 }
 

@@ -34,12 +34,14 @@ pub struct Decoder {
     pub(super) kinds: Vec<LayerKind>,
     pub(super) vocab_size: usize,
     pub(super) param_count: usize,
+    /// Recorded decode steps (CUDA only; of a split model, this rank's). Declared before
+    /// `parallel` so that it is dropped first: NCCL does not destroy a communicator while
+    /// graphs that captured its collectives live (it waits for them).
+    #[cfg(feature = "cuda")]
+    pub(super) graphs: super::cuda::graph::Graphs,
     /// This rank's part in a tensor-parallel group, and rank 0's peers (`None`: the whole
     /// model on one device; see [`super::parallel`]).
     pub(super) parallel: Option<Box<Parallel>>,
-    /// Recorded decode steps (CUDA only; of a split model, this rank's).
-    #[cfg(feature = "cuda")]
-    pub(super) graphs: super::cuda::graph::Graphs,
 }
 
 impl Decoder {
@@ -523,9 +525,9 @@ pub(super) fn tap(
 /// One rank's place in a tensor-parallel group (the forwards are in `parallel.rs`).
 pub(super) struct Parallel {
     shard: Shard,
-    reduce: Arc<dyn AllReduce>,
-    /// Rank 0 only: ranks `1..world`, in order.
+    /// Rank 0 only: ranks `1..world`, in order (dropped before this rank's communicator).
     peers: Vec<Decoder>,
+    reduce: Arc<dyn AllReduce>,
     /// CPU ranks (rank 0 only): one rayon pool per rank, rank order.
     pools: Vec<rayon::ThreadPool>,
 }
