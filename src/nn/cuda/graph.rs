@@ -41,7 +41,8 @@ fn census_wanted() -> bool {
 
 impl Graph {
     fn launch(&self) -> Result<()> {
-        // SAFETY: `exec` is a live executable graph of the stream's context.
+        bind(&self.stream)?;
+        // SAFETY: `exec` is a live executable graph of the stream's context, current here.
         unsafe { sys::cuGraphLaunch(self.exec, self.stream.cu_stream()) }
             .result()
             .map_err(|e| Error::invalid(format!("CUDA graph launch failed: {e}")))
@@ -109,6 +110,16 @@ impl std::fmt::Debug for Graphs {
     }
 }
 
+/// Makes `stream`'s context the calling thread's current one, as the driver calls below
+/// (which take no context) need: a thread that last worked on another GPU (a tensor-parallel
+/// group's thread after copying ids to a peer) would otherwise issue them in that GPU's.
+fn bind(stream: &CudaStream) -> Result<()> {
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::invalid(format!("binding GPU {}: {e}", stream.context().ordinal())))
+}
+
 fn poisoned() -> Error {
     Error::invalid("CUDA graph lock poisoned by a panic")
 }
@@ -121,6 +132,7 @@ fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
     };
     let slice = s.as_cuda_slice::<u32>()?.slice(layout.start_offset()..);
     let stream = dev.cuda_stream();
+    bind(&stream)?;
     let (ptr, _sync) = slice.device_ptr(&stream);
     // SAFETY: `dst` holds at least `data.len()` u32 (the caller made it so); from pageable
     // memory the copy is staged before the call returns, so `data` may go right after.
@@ -302,6 +314,7 @@ impl Graphs {
 /// ([`graph_edges`]).
 fn record(dev: &CudaDevice, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
     let stream = dev.cuda_stream();
+    bind(&stream)?;
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| Error::invalid(format!("begin capture: {e}")))?;
