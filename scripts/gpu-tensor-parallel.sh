@@ -16,7 +16,9 @@
 #           the largest of RANKS, the 70B shape at each of RANKS with graphs and at the
 #           largest without, the 1B shape (for the cost ratio)
 #   oracle  exp: the oracle drafter (alpha 0.8 and 0.6, gamma 4, the 1B shape's forwards for
-#           their cost) on the 70B shape at each of RANKS
+#           their cost) on the 70B shape at each of RANKS, the draft beside rank 0; at alpha
+#           0.8 also on a GPU of its own (the first past the ranks) where the machine has one,
+#           else beside the last rank
 # Each step's output goes to OUT/<step>*.log as it runs (a call cut short keeps what it has).
 # NCCL comes from the Python environment's nvidia-nccl-cu13 wheel; NVLink multicast stays off.
 set -uo pipefail
@@ -96,7 +98,9 @@ if [[ $steps == *,bench,* ]]; then
     timeout 200 $run/benches/gpu_decode 2>&1 | tee "$out/decode-70b-nographs.log"
 fi
 if [[ $steps == *,oracle,* ]]; then
+  gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
   for n in ${ranks//,/ }; do
+  dgpu=$(( n < gpus ? n : n - 1 ))
   cat > /tmp/oracle70.toml <<TOML
 name = "tp-oracle-70b"
 seed = 0
@@ -117,12 +121,17 @@ path = "/tmp/shapes/l1"
 kind = "oracle"
 alpha = 0.6
 path = "/tmp/shapes/l1"
+[drafters.oracle80_gpu$dgpu]
+kind = "oracle"
+alpha = 0.8
+path = "/tmp/shapes/l1"
+gpu = $dgpu
 [dataset]
 path = "configs/prompts/code.jsonl"
 limit = 3
 [sweep]
 method = ["autoregressive", "speculative"]
-drafter = ["oracle80", "oracle60"]
+drafter = ["oracle80", "oracle60", "oracle80_gpu$dgpu"]
 gamma = [4]
 temperature = [0.0]
 cache = ["slack"]

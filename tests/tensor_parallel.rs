@@ -377,6 +377,63 @@ fn exp_runs_a_split_target() {
     let (bad, ok, _, stderr) = run("bad", Some("target.tensor_parallel=3"));
     assert!(!ok && stderr.contains("tensor_parallel = 3"), "{stderr}");
     assert!(!bad.join("results.jsonl").exists());
+
+    // Placement: the ranks on GPUs 1 and 0, the draft model beside rank 1 (its chains
+    // copied to rank 0's GPU), then the whole target on GPU 0 with the draft on GPU 1.
+    let placed = [
+        "target.tensor_parallel=2",
+        "target.gpus=[1, 0]",
+        "drafters.small.gpu=0",
+    ];
+    let mut sets = base.to_vec();
+    sets.extend(placed);
+    let out = dir.path().join("placed");
+    let (ok, _, stderr) = common::exp::exp_default(&out, &sets);
+    if common::device::device().is_cuda() {
+        assert!(ok, "{stderr}");
+        assert_eq!(records(&out), a, "ranks on GPUs 1, 0, the draft on GPU 0");
+        let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+        assert!(summary.contains("on GPU 1, GPU 0"), "{summary}");
+        assert!(summary.contains("models/draft"), "{summary}");
+        let (own, ok, _, stderr) = run("own", Some("drafters.small.gpu=1"));
+        assert!(ok, "{stderr}");
+        assert_eq!(records(&own), a, "the draft on a GPU of its own");
+    } else {
+        assert!(!ok && stderr.contains("target.gpus = [1, 0]"), "{stderr}");
+        assert!(!out.join("results.jsonl").exists());
+    }
+}
+
+/// Placements that cannot work are refused before anything loads, each problem naming its
+/// key: a GPU list not one per rank or naming a GPU twice, an EAGLE-3 head or prompt lookup
+/// given a GPU, GPUs named for a CPU run.
+#[test]
+fn bad_placements_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bad");
+    let sets = [
+        "target.tensor_parallel=2",
+        "target.gpus=[0, 0, 1]",
+        "drafters.eagle.gpu=1",
+        "drafters.lookup.gpu=1",
+    ];
+    let (ok, _, stderr) = common::exp::exp_default(&out, &sets);
+    assert!(!ok, "{stderr}");
+    for want in [
+        "target.gpus = [0, 0, 1]: names 3 GPUs; target.tensor_parallel = 2 needs one per rank",
+        "names GPU 0 twice",
+        "drafters.eagle.gpu = 1: an EAGLE-3 head",
+        "drafters.lookup.gpu = 1: places a draft model",
+    ] {
+        assert!(stderr.contains(want), "{want:?} missing from: {stderr}");
+    }
+    let (ok, _, stderr) =
+        common::exp::exp_default(&out, &["device=\"cpu\"", "drafters.small.gpu=1"]);
+    assert!(
+        !ok && stderr.contains("drafters.small.gpu = 1: names a CUDA GPU; device = \"cpu\""),
+        "{stderr}"
+    );
+    assert!(!out.join("results.jsonl").exists());
 }
 
 /// `SPECDEC_TEST_TP_MODEL=dir` (a checkpoint too large for CI, e.g. an 8B shape written by

@@ -38,6 +38,81 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     }
 }
 
+/// Where a run's models go: the target's ranks and each draft model on CUDA GPUs named by
+/// the config (`target.gpus`, `drafters.<name>.gpu`), else everything on the run's device.
+/// Each GPU is opened once, so models sharing a GPU share its one stream: a draft beside a
+/// rank other than 0 queues its work where that rank does, and the drafts it hands to rank
+/// 0's GPU are copied after that work (a copy between two streams of one GPU would not
+/// wait).
+pub struct Placement {
+    device: Device,
+    gpus: std::collections::BTreeMap<usize, Device>,
+}
+
+impl Placement {
+    /// Placement on the run's `device` (its GPU, if CUDA, is the first opened).
+    pub fn new(device: Device) -> Self {
+        let mut gpus = std::collections::BTreeMap::new();
+        if let Some(ordinal) = cuda_ordinal(&device) {
+            gpus.insert(ordinal, device.clone());
+        }
+        Self { device, gpus }
+    }
+
+    /// GPU `ordinal`, opened once; `key` (the config key naming it) heads the errors.
+    fn gpu(&mut self, ordinal: usize, key: &str) -> Result<Device> {
+        if cuda_ordinal(&self.device).is_none() {
+            return Err(Error::invalid(format!(
+                "{key}: names CUDA GPU {ordinal}; this run's device is {:?}",
+                self.device.location()
+            )));
+        }
+        if let Some(d) = self.gpus.get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let d = crate::nn::open_cuda(ordinal).map_err(|e| {
+            Error::invalid(format!("{key}: CUDA GPU {ordinal} cannot be opened: {e}"))
+        })?;
+        self.gpus.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    /// The device of each of the target's `config.tensor_parallel` ranks, rank 0 first:
+    /// `config.gpus`, or the run's device and (CUDA) the GPUs after it.
+    pub fn target(&mut self, config: &super::config::TargetConfig) -> Result<Vec<Device>> {
+        let n = config.tensor_parallel;
+        if let Some(gpus) = &config.gpus {
+            return gpus
+                .iter()
+                .map(|&g| self.gpu(g, &format!("target.gpus = {gpus:?}")))
+                .collect();
+        }
+        match cuda_ordinal(&self.device) {
+            Some(first) => (first..first + n)
+                .map(|g| self.gpu(g, &format!("target.tensor_parallel = {n}")))
+                .collect(),
+            None => Ok(vec![self.device.clone(); n]),
+        }
+    }
+
+    /// Draft `name`'s device: its `gpu`, else `beside` (the target's rank 0's).
+    pub fn draft(&mut self, name: &str, gpu: Option<usize>, beside: &Device) -> Result<Device> {
+        match gpu {
+            Some(g) => self.gpu(g, &format!("drafters.{name}.gpu = {g}")),
+            None => Ok(beside.clone()),
+        }
+    }
+}
+
+/// The CUDA ordinal of `device` (`None` off CUDA).
+pub fn cuda_ordinal(device: &Device) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => Some(d.cuda_stream().context().ordinal()),
+        _ => None,
+    }
+}
+
 /// The loader's dtype for the config's.
 pub fn load_options(device: Device, dtype: DtypeChoice) -> LoadOptions {
     let dtype = match dtype {

@@ -13,7 +13,9 @@ use super::chat::{encode_conversation, encode_prompt, ChatTemplate};
 use super::config::{DrafterKind, ExperimentConfig, TurnsChoice};
 use super::context::check_context;
 use super::dataset::load_prompts;
-use super::load::{align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel};
+use super::load::{
+    align_vocabularies, check_vocabulary, load_options, select_device, LoadedModel, Placement,
+};
 use super::output::{default_result_path, ResultDir};
 use super::plot::write_plots;
 use super::report::{
@@ -103,17 +105,21 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let (prompts, turns) = encode_prompts(config, &tokenizer, template.as_ref())?;
     check_context(config, &prompts)?;
     let device = select_device(config.device)?;
+    let mut placement = Placement::new(device.clone());
+    let ranks = placement.target(&config.target)?;
     let load = LoadOptions {
         random_weights: config.random_weights,
         ..load_options(device.clone(), config.dtype)
     };
     let target_load = LoadOptions {
+        device: ranks[0].clone(),
         quantized: config.target.quantized,
         tensor_parallel: config.target.tensor_parallel,
+        rank_devices: if ranks.len() > 1 { ranks } else { Vec::new() },
         ..load.clone()
     };
     let mut target = LoadedModel::load(&config.target.path, &target_load)?;
-    let mut drafts = load_drafts(config, &load, &target, &tokenizer)?;
+    let mut drafts = load_drafts(config, (&load, &mut placement), &target, &tokenizer)?;
     let mut all: Vec<&mut LoadedModel> = vec![&mut target];
     all.extend(drafts.values_mut());
     if let Some(width) = align_vocabularies(&mut all) {
@@ -127,6 +133,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
             .map_err(|e| Error::invalid(format!("cannot decode output tokens: {e}")))
     };
     let session = Session {
+        target_device: target.model.device().clone(),
         target: Arc::new(target),
         drafters: draft_sources(config, drafts, heads),
         prompts,
@@ -238,9 +245,10 @@ fn encode_prompts(
 }
 
 /// The draft models the sweep uses, each checked against the target's vocabulary.
+/// Each on its `gpu`, else beside the target's rank 0.
 fn load_drafts(
     config: &ExperimentConfig,
-    load: &LoadOptions,
+    (load, placement): (&LoadOptions, &mut Placement),
     target: &LoadedModel,
     tokenizer: &Tokenizer,
 ) -> Result<BTreeMap<String, LoadedModel>> {
@@ -254,6 +262,7 @@ fn load_drafts(
                 continue;
             }
             let opts = LoadOptions {
+                device: placement.draft(name, d.gpu, target.model.device())?,
                 quantized: d.quantized,
                 ..load.clone()
             };
@@ -408,6 +417,15 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }
 
+/// A device as the summary names it.
+fn place(at: candle_core::DeviceLocation) -> String {
+    match at {
+        candle_core::DeviceLocation::Cpu => "the CPU".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("GPU {gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("Metal GPU {gpu_id}"),
+    }
+}
+
 /// The run's setting, for the head of summary.md.
 fn describe(
     config: &ExperimentConfig,
@@ -436,14 +454,22 @@ fn describe(
     if config.random_weights {
         s += "* random weights drawn from each model's config.json (random_weights = true): a speed study; the outputs mean nothing\n";
     }
-    let ranks = target.model.ranks();
-    if ranks > 1 {
+    let ranks = target.model.rank_locations();
+    if ranks.len() > 1 {
+        let on: Vec<String> = ranks.iter().map(|&l| place(l)).collect();
         s += &format!(
-            "* target split over {ranks} ranks (tensor parallelism; drafters on rank 0's device)\n"
+            "* target split over {} ranks (tensor parallelism) on {}\n",
+            ranks.len(),
+            on.join(", ")
         );
     }
     for (name, d) in drafts {
-        s += &format!("* drafter `{name}`: {}\n", model(d));
+        let at = d.model.device().location();
+        let at = match at == ranks[0] {
+            true => String::new(),
+            false => format!(", on {}", place(at)),
+        };
+        s += &format!("* drafter `{name}`: {}{at}\n", model(d));
     }
     for (name, h) in heads {
         let path = config.drafters.get(name).and_then(|d| d.path.as_ref());

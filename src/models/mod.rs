@@ -79,9 +79,14 @@ pub struct LoadOptions {
     /// instead of dequantizing them into the compute dtype; only for GGUF files.
     pub quantized: bool,
     /// Ranks of a tensor-parallel split (1: the whole model on `device`). On CUDA rank `r`
-    /// runs on the GPU `r` places after `device`'s (NCCL between them); on the CPU every
-    /// rank is a thread (for tests and studies of the split). See [`crate::nn::shard`].
+    /// runs on `rank_devices[r]`, or by default on the GPU `r` places after `device`'s (NCCL
+    /// between them); on the CPU every rank is a thread (for tests and studies of the
+    /// split). See [`crate::nn::shard`].
     pub tensor_parallel: usize,
+    /// Every rank's device, rank 0 (`device`) first, where the caller places the ranks
+    /// (empty: the default above). Devices shared with other models must be the same
+    /// [`Device`] values (one stream per GPU: see `experiment::Placement`).
+    pub rank_devices: Vec<Device>,
     /// Random weights at the checkpoint's shapes from its `config.json` alone (see
     /// [`Weights::random`]): for speed measurements at published shapes; nothing else is
     /// read from the directory.
@@ -95,6 +100,7 @@ impl Default for LoadOptions {
             dtype: DTypeChoice::Auto,
             quantized: false,
             tensor_parallel: 1,
+            rank_devices: Vec::new(),
             random_weights: false,
         }
     }
@@ -152,7 +158,19 @@ impl Model {
                         path.display()
                     )));
                 }
-                let devices = rank_devices(&opts.device, world)?;
+                let devices = match opts.rank_devices.as_slice() {
+                    [] => rank_devices(&opts.device, world)?,
+                    given if given.len() == world && given[0].same_device(&opts.device) => {
+                        given.to_vec()
+                    }
+                    given => {
+                        return Err(Error::invalid(format!(
+                            "{}: {} rank devices for tensor_parallel = {world}: one per rank is needed, rank 0's the model's device",
+                            path.display(),
+                            given.len()
+                        )))
+                    }
+                };
                 // Each rank maps the checkpoint on its own device (a mapping costs nothing
                 // until read; each rank reads only its part).
                 Decoder::load_parallel(&spec, &devices, |device| {

@@ -59,6 +59,16 @@ impl DeviceTokens {
         })
     }
 
+    /// The same ids on `device` (themselves where they lie there already). Between GPUs a
+    /// device-to-device copy that `device`'s stream queues after the work producing them:
+    /// nothing waits on the host.
+    pub fn to_device(&self, device: &candle_core::Device) -> Result<Self> {
+        Ok(Self {
+            ids: self.ids.to_device(device)?,
+            bound: self.bound,
+        })
+    }
+
     /// How many ids.
     pub fn len(&self) -> usize {
         self.ids.elem_count()

@@ -205,6 +205,15 @@ impl Decoder {
         self.parallel.as_ref().map_or(1, |p| p.world())
     }
 
+    /// Where each rank runs, rank 0 first (one entry when not split).
+    pub fn rank_locations(&self) -> Vec<candle_core::DeviceLocation> {
+        let peers = self.parallel.iter().flat_map(|p| p.peers());
+        std::iter::once(self)
+            .chain(peers)
+            .map(|d| d.embed.device().location())
+            .collect()
+    }
+
     /// `f` on rayon's pool where the model runs on the CPU, else directly (a split model's
     /// ranks run on pools of their own: see [`super::parallel`]).
     fn on_pool_if_cpu<R: Send>(&self, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {

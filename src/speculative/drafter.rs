@@ -165,6 +165,8 @@ pub struct ModelDrafter<M> {
     /// first draft is always proposed).
     pub(super) confidence: Option<f32>,
     pub(super) forwards: usize,
+    /// Where the target verifies a queued greedy chain, when not on the draft's device.
+    verify_on: Option<Device>,
 }
 
 impl<M: LanguageModel> ModelDrafter<M> {
@@ -182,6 +184,7 @@ impl<M: LanguageModel> ModelDrafter<M> {
             seq,
             confidence,
             forwards: 0,
+            verify_on: None,
         })
     }
 
@@ -206,6 +209,14 @@ impl<M: LanguageModel> ModelDrafter<M> {
         let (logits, stats) = self.seq.prefill(self.model.as_ref(), context)?;
         self.forwards += stats.forwards;
         Ok(logits)
+    }
+
+    /// Hands queued greedy chains to the target on `device` (its rank 0's), where the draft
+    /// model runs elsewhere: the chain is copied there after the draft's forwards, device to
+    /// device.
+    pub fn verified_on(mut self, device: Device) -> Self {
+        self.verify_on = Some(device);
+        self
     }
 
     /// Backs the draft's prefills with a prefix store (see [`CachedSequence::with_store`]).
@@ -268,11 +279,11 @@ impl<M: LanguageModel> ModelDrafter<M> {
             self.forwards += 1;
             parts.push(next);
         }
-        Ok(GreedyDraft {
-            spec,
-            held,
-            block: DeviceTokens::cat(&parts)?,
-        })
+        let mut block = DeviceTokens::cat(&parts)?;
+        if let (true, Some(device)) = (with_last, &self.verify_on) {
+            block = block.to_device(device)?;
+        }
+        Ok(GreedyDraft { spec, held, block })
     }
 }
 

@@ -43,6 +43,8 @@ pub struct OracleDrafter<M> {
     forwards: usize,
     /// Steps whose verification contradicted the reference (see [`Self::reference_mismatches`]).
     mismatches: Mismatches,
+    /// Where the target verifies, when the cost model runs on another device.
+    verify_on: Option<Device>,
 }
 
 /// Steps where the target did not accept exactly the proposal's leading kept tokens, and
@@ -103,7 +105,16 @@ impl<M: LanguageModel> OracleDrafter<M> {
             current: None,
             forwards: 0,
             mismatches: Mismatches::default(),
+            verify_on: None,
         })
+    }
+
+    /// The target verifies on `device` (its rank 0's) where the cost model runs elsewhere:
+    /// the cost forwards' last token is copied there, so that the verification queued behind
+    /// it waits for them as it waits for a draft model's chain.
+    pub fn verified_on(mut self, device: Device) -> Self {
+        self.verify_on = Some(device);
+        self
     }
 
     /// Runs `head`'s greedy proposals (over the target's hidden states, which the target then
@@ -335,6 +346,7 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
             cost,
             forwards,
             mismatches,
+            verify_on,
             ..
         } = self;
         let inner: Box<dyn Draft + 'a> = match cost.as_mut() {
@@ -342,6 +354,10 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
                 let (spec, last) =
                     cost_forwards(model.as_ref(), cache, context, &tokens, forwards)?;
                 let queued = if request.queued {
+                    let last = match verify_on {
+                        Some(device) => last.to_device(device)?,
+                        None => last,
+                    };
                     Some(last.ids().device().clone())
                 } else {
                     last.to_vec()?;

@@ -102,6 +102,18 @@ pub enum DeviceChoice {
     Metal,
 }
 
+impl DeviceChoice {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceChoice::Auto => "auto",
+            DeviceChoice::Cpu => "cpu",
+            DeviceChoice::Cuda => "cuda",
+            DeviceChoice::Metal => "metal",
+        }
+    }
+}
+
 /// `order = "interleaved" | "grouped"`: the sequence in which generations run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -158,6 +170,10 @@ pub struct TargetConfig {
     /// and the MLP width, and divide the KV heads or be a multiple of them.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: usize,
+    /// The CUDA GPUs of the target's ranks, rank 0 first (one per rank, each once); default:
+    /// the first `tensor_parallel` GPUs. Needs `device = "cuda"` (or `"auto"` finding CUDA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<usize>>,
 }
 
 fn default_target_path() -> PathBuf {
@@ -174,6 +190,7 @@ impl Default for TargetConfig {
             path: default_target_path(),
             quantized: false,
             tensor_parallel: 1,
+            gpus: None,
         }
     }
 }
@@ -221,6 +238,11 @@ pub struct DrafterConfig {
     /// `ngram`: longest suffix to match (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_ngram: Option<usize>,
+    /// `model`, and `oracle` with a `path`: the CUDA GPU the draft model runs on; default:
+    /// beside the target's rank 0. On another GPU than rank 0's, its greedy drafts reach the
+    /// target by a device-to-device copy queued after the draft's work (no host round trip).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<usize>,
 }
 
 /// Default `min_ngram`.

@@ -2,7 +2,9 @@
 //! paths it names, so configs for checkpoints that are not on this machine still validate.
 use std::path::Path;
 
-use super::{DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method, SweepConfig};
+use super::{
+    DeviceChoice, DrafterConfig, DrafterKind, ExperimentConfig, GammaChoice, Method, SweepConfig,
+};
 use crate::error::{Error, Result};
 
 impl ExperimentConfig {
@@ -34,6 +36,7 @@ impl ExperimentConfig {
                 self.target.tensor_parallel
             ));
         }
+        self.check_gpus(&mut problems);
         for (name, drafter) in &self.drafters {
             check_drafter(name, drafter, &mut problems);
         }
@@ -274,6 +277,56 @@ fn no_repeats<T: PartialEq + std::fmt::Debug>(key: &str, values: &[T], problems:
         if values[..i].contains(v) {
             problems.push(format!("{key}: {v:?} is listed twice"));
             return;
+        }
+    }
+}
+
+impl ExperimentConfig {
+    /// `target.gpus` gives one GPU per rank, each once; GPUs are named only where CUDA may
+    /// run the models; `drafters.<name>.gpu` only where a draft model runs.
+    fn check_gpus(&self, problems: &mut Vec<String>) {
+        let cuda_possible = matches!(self.device, DeviceChoice::Cuda | DeviceChoice::Auto);
+        if let Some(gpus) = &self.target.gpus {
+            let n = self.target.tensor_parallel;
+            if gpus.len() != n {
+                problems.push(format!(
+                    "target.gpus = {gpus:?}: names {} GPUs; target.tensor_parallel = {n} needs one per rank",
+                    gpus.len()
+                ));
+            }
+            if let Some(g) = gpus
+                .iter()
+                .find(|g| gpus.iter().filter(|h| h == g).count() > 1)
+            {
+                problems.push(format!(
+                    "target.gpus = {gpus:?}: names GPU {g} twice; each rank needs a GPU of its own"
+                ));
+            }
+            if !cuda_possible {
+                problems.push(format!(
+                    "target.gpus = {gpus:?}: names CUDA GPUs; device = \"{}\" runs none",
+                    self.device.name()
+                ));
+            }
+        }
+        for (name, d) in &self.drafters {
+            let Some(gpu) = d.gpu else { continue };
+            let key = format!("drafters.{name}.gpu = {gpu}");
+            match (d.kind, &d.path) {
+                (DrafterKind::Model, _) | (DrafterKind::Oracle, Some(_)) => {}
+                (DrafterKind::Eagle3, _) => problems.push(format!(
+                    "{key}: an EAGLE-3 head reads the target's hidden states and runs beside its rank 0"
+                )),
+                _ => problems.push(format!(
+                    "{key}: places a draft model (kind = \"model\", or \"oracle\" with a path)"
+                )),
+            }
+            if !cuda_possible {
+                problems.push(format!(
+                    "{key}: names a CUDA GPU; device = \"{}\" runs none",
+                    self.device.name()
+                ));
+            }
         }
     }
 }

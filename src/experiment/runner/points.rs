@@ -143,7 +143,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             .ok_or_else(|| Error::invalid(format!("drafter {name:?} was not loaded")))?;
         Ok(Some(match source {
             DraftSource::Model { model, confidence } => {
-                let drafter = ModelDrafter::new(name, Arc::clone(model), strategy, *confidence)?;
+                let drafter = ModelDrafter::new(name, Arc::clone(model), strategy, *confidence)?
+                    .verified_on(self.target_device.clone());
                 match prefix_store(config, point) {
                     Some((store, every)) => Box::new(drafter.with_prefix_store(store, every)),
                     None => Box::new(drafter),
@@ -170,7 +171,8 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
                     *alpha,
                     cost.as_ref().map(|m| (Arc::clone(m), strategy)),
                     Arc::clone(references),
-                )?;
+                )?
+                .verified_on(self.target_device.clone());
                 match cost_head {
                     Some(head) => Box::new(oracle.with_eagle3_cost(Arc::clone(head))?),
                     None => Box::new(oracle),

@@ -57,6 +57,9 @@ pub struct EncodedPrompt {
 pub struct Session<'a, M> {
     /// The target model.
     pub target: Arc<M>,
+    /// Where the target verifies (its rank 0's device): draft models placed elsewhere hand
+    /// their chains there.
+    pub target_device: candle_core::Device,
     /// Drafters by name (those the sweep uses).
     pub drafters: BTreeMap<String, DraftSource<M>>,
     /// The prompts, in dataset order.
