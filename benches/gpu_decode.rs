@@ -32,7 +32,9 @@
 //! `SPECDEC_BENCH_TP` (comma-separated, one per model; default 1) splits a model over that many
 //! GPUs (tensor parallelism): its bound is then the weight bytes at that many times the copy
 //! rate (the aggregate bound), and the stage tables are skipped (the ranks run on threads of
-//! their own). `SPECDEC_BENCH_RANDOM=1` loads every model with random weights from its
+//! their own); on CUDA a line after its table gives the device time of its all-reduces (two a
+//! layer, one row each) run back to back on an NCCL group of their own, and their share of
+//! the decode step. `SPECDEC_BENCH_RANDOM=1` loads every model with random weights from its
 //! `config.json` alone (no weight files: shapes too large to write to disk).
 //!
 //! `SPECDEC_BENCH_JSON=path` also writes everything as JSON. `SPECDEC_BENCH_KERNELS=n` does
@@ -46,7 +48,7 @@ use candle_core::{DType, Device, Tensor};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::experiment::context_limit;
 use specdec::models::{DTypeChoice, LoadOptions, Model};
-use specdec::nn::StepIds;
+use specdec::nn::{QueueMark, StepIds};
 use specdec::stats::median;
 
 const DECODES_PER_ROUND: usize = 4;
@@ -80,6 +82,50 @@ fn dtype() -> DTypeChoice {
     let name = std::env::var("SPECDEC_BENCH_DTYPE").unwrap_or_else(|_| "auto".into());
     name.parse()
         .unwrap_or_else(|e| panic!("SPECDEC_BENCH_DTYPE={name}: {e}"))
+}
+
+/// Device time on rank 0's queue (median of 9 rounds after one warm-up) of `count`
+/// all-reduces of one `[1, hidden]` row back to back, on an NCCL group over GPUs
+/// `0..ranks` of its own: what a split decode step spends in its all-reduces (two a layer)
+/// where none overlapped other work. Each rank queues 4 before the timed ones, so rank 0's
+/// clock starts once every rank is in the loop.
+fn reduce_ms(ranks: usize, hidden: usize, dtype: DType, count: usize) -> f64 {
+    let devices: Vec<Device> = (0..ranks)
+        .map(|g| specdec::nn::open_cuda(g).expect("open GPU"))
+        .collect();
+    let group = specdec::nn::all_reduce_group(&devices).expect("NCCL group");
+    let rows: Vec<Tensor> = devices
+        .iter()
+        .map(|d| Tensor::ones((1, hidden), dtype, d).expect("row"))
+        .collect();
+    let run = |rank: usize| {
+        for _ in 0..4 {
+            group[rank].sum(&rows[rank]).expect("all-reduce");
+        }
+        let start = QueueMark::record(&devices[rank]).expect("mark");
+        for _ in 0..count {
+            group[rank].sum(&rows[rank]).expect("all-reduce");
+        }
+        let end = QueueMark::record(&devices[rank]).expect("mark");
+        devices[rank].synchronize().expect("sync");
+        start.seconds_to(&end).expect("marks")
+    };
+    let mut times: Vec<f64> = (0..10)
+        .map(|_| {
+            std::thread::scope(|s| {
+                let run = &run;
+                let peers: Vec<_> = (1..ranks).map(|r| s.spawn(move || run(r))).collect();
+                let mine = run(0);
+                for p in peers {
+                    p.join().expect("rank thread");
+                }
+                mine
+            })
+        })
+        .skip(1)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    1e3 * times[times.len() / 2]
 }
 
 /// Read + write bytes per second of a 1 GiB device-to-device copy (median of 9) and what
@@ -438,6 +484,19 @@ fn main() {
                 "verify5_over_decode": r.verify_ratio,
             }));
         }
+        let reduce = (ranks > 1 && device.is_cuda()).then(|| {
+            let ms = reduce_ms(ranks, info.hidden_size, info.dtype, 2 * info.num_layers);
+            let step = decode_128.last().map_or(f64::NAN, |(d, _)| *d);
+            println!(
+                "\nall-reduces: {} of one [1, {}] {:?} row back to back on {ranks} GPUs: {ms:.3} ms of device time on rank 0 = {:.0}% of the decode step at {}",
+                2 * info.num_layers,
+                info.hidden_size,
+                info.dtype,
+                100.0 * ms / step,
+                contexts[0]
+            );
+            ms
+        });
         let profiled = ranks == 1;
         let stages = if profiled { stages(&model) } else { Vec::new() };
         let total: f64 = stages.iter().map(|(_, ms)| ms).sum();
@@ -469,6 +528,7 @@ fn main() {
             "prefill_stages_s": prefill.iter().map(|(n, s)| serde_json::json!({"stage": n, "s": s})).collect::<Vec<_>>(),
             "model": dir.display().to_string(), "arch": info.arch, "layers": info.num_layers,
             "tensor_parallel": ranks, "random_weights": random, "load_s": load_s,
+            "all_reduces_ms": reduce,
             "params": info.param_count, "dtype": format!("{:?}", info.dtype),
             "weight_bytes": bytes, "read_bytes": read, "bound_ms": bound_ms, "contexts": rows_json,
             "stages_ms": stages.iter().map(|(n, ms)| serde_json::json!({"stage": n, "ms": ms})).collect::<Vec<_>>(),

@@ -15,8 +15,9 @@
 #   bench   gpu_decode on random bf16 weights at 128 tokens: the 8B shape on one GPU and at
 #           the largest of RANKS, the 70B shape at each of RANKS with graphs and at the
 #           largest without, the 1B shape (for the cost ratio)
-#   oracle  exp: the oracle drafter (alpha 0.8 and 0.6, gamma 4, the 1B shape's forwards for
-#           their cost) on the 70B shape at each of RANKS, the draft beside rank 0; at alpha
+#   oracle  exp: the oracle drafter (alpha 0.8 and 0.6, gamma 4, the 1B and the 8B shape's
+#           forwards for their cost) on the 70B shape at each of RANKS, the draft beside
+#           rank 0; with the 1B shape at alpha
 #           0.8 also on a GPU of its own (the first past the ranks) where the machine has one,
 #           else beside the last rank
 # Each step's output goes to OUT/<step>*.log as it runs (a call cut short keeps what it has).
@@ -121,6 +122,14 @@ path = "/tmp/shapes/l1"
 kind = "oracle"
 alpha = 0.6
 path = "/tmp/shapes/l1"
+[drafters.oracle80_8b]
+kind = "oracle"
+alpha = 0.8
+path = "/tmp/shapes/l8"
+[drafters.oracle60_8b]
+kind = "oracle"
+alpha = 0.6
+path = "/tmp/shapes/l8"
 [drafters.oracle80_gpu$dgpu]
 kind = "oracle"
 alpha = 0.8
@@ -131,7 +140,7 @@ path = "configs/prompts/code.jsonl"
 limit = 3
 [sweep]
 method = ["autoregressive", "speculative"]
-drafter = ["oracle80", "oracle60", "oracle80_gpu$dgpu"]
+drafter = ["oracle80", "oracle60", "oracle80_8b", "oracle60_8b", "oracle80_gpu$dgpu"]
 gamma = [4]
 temperature = [0.0]
 cache = ["slack"]

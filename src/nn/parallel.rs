@@ -49,7 +49,7 @@ impl Decoder {
     ) -> Result<Decoder> {
         let world = devices.len();
         Shard::check(spec, world)?;
-        let reducers = group(devices)?;
+        let reducers = all_reduce_group(devices)?;
         let loaded: Vec<Result<Decoder>> = std::thread::scope(|s| {
             let ranks: Vec<_> = devices
                 .iter()
@@ -327,9 +327,10 @@ fn cpu_pools(world: usize) -> Result<Vec<rayon::ThreadPool>> {
         .collect()
 }
 
-/// The all-reduce of a group with one rank per device of `devices`: threads of this process
-/// on the CPU, NCCL on CUDA.
-fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
+/// The all-reduce of a group with one rank per device of `devices` (rank order): threads of
+/// this process on the CPU, NCCL on CUDA (each GPU once). A split model makes its own; this
+/// is for measuring one alone.
+pub fn all_reduce_group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
     match devices.first() {
         Some(Device::Cpu) if devices.iter().all(Device::is_cpu) => {
             Ok(HostGroup::handles(devices.len())
