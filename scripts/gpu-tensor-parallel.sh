@@ -31,16 +31,7 @@ top=$(echo "$ranks" | tr ',' '\n' | sort -n | tail -1)
 count=$(echo "$ranks" | tr ',' '\n' | wc -l)
 l70s=$(printf '/tmp/shapes/l70,%.0s' $(seq "$count"))
 mkdir -p "$out"
-nccl=$(python3 - <<'PY'
-import glob, os, site, sys
-for p in site.getsitepackages() + sys.path:
-    hits = sorted(glob.glob(os.path.join(p, "nvidia", "**", "libnccl.so*"), recursive=True))
-    if hits:
-        print(os.path.dirname(hits[0]))
-        break
-PY
-)
-[ -n "$nccl" ] || { echo "error: no libnccl.so* under the Python environment's nvidia packages" >&2; exit 1; }
+nccl=$(scripts/nccl-lib-dir.sh) || exit 1
 export LD_LIBRARY_PATH=$nccl:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} NCCL_NVLS_ENABLE=0
 { date -u; nvidia-smi --query-gpu=index,name,memory.total --format=csv; nvidia-smi topo -m | head -6; } | tee "$out/machine.log"
 [ -d .cuda/run ] || scripts/gpu-unpack.sh

@@ -20,6 +20,10 @@ export SPECDEC_TEST_DEVICE=${SPECDEC_TEST_DEVICE:-cuda}
 # shrink keep the pass within minutes. Each binary gets at most $PER_BINARY_S seconds.
 export SPECDEC_TEST_CASES=${SPECDEC_TEST_CASES:-100} PROPTEST_MAX_SHRINK_ITERS=${PROPTEST_MAX_SHRINK_ITERS:-64}
 PER_BINARY_S=${PER_BINARY_S:-300}
+# A build with NCCL (SPECDEC_NCCL=1) links libnccl.so.2 into every binary.
+if ldd "$run"/* 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
+  export LD_LIBRARY_PATH=$(scripts/nccl-lib-dir.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} NCCL_NVLS_ENABLE=0
+fi
 status=0
 {
   echo "# GPU test pass"

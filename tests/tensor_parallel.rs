@@ -405,8 +405,8 @@ fn exp_runs_a_split_target() {
 }
 
 /// Placements that cannot work are refused before anything loads, each problem naming its
-/// key: a GPU list not one per rank or naming a GPU twice, an EAGLE-3 head or prompt lookup
-/// given a GPU, GPUs named for a CPU run.
+/// key: a GPU list not one per rank or naming a GPU twice, an EAGLE-3 head (also as an
+/// oracle's cost) or prompt lookup given a GPU, GPUs named for a CPU run.
 #[test]
 fn bad_placements_are_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -431,6 +431,21 @@ fn bad_placements_are_refused_naming_the_key() {
         common::exp::exp_default(&out, &["device=\"cpu\"", "drafters.small.gpu=1"]);
     assert!(
         !ok && stderr.contains("drafters.small.gpu = 1: names a CUDA GPU; device = \"cpu\""),
+        "{stderr}"
+    );
+    // An oracle's cost model that turns out to be an EAGLE-3 head (known once its directory
+    // is read).
+    let oracle = [
+        "drafters.o.kind=\"oracle\"",
+        "drafters.o.alpha=0.8",
+        "drafters.o.path=\"models/eagle3\"",
+        "drafters.o.gpu=0",
+        "sweep.drafter=[\"o\"]",
+        "sweep.temperature=[0.0]",
+    ];
+    let (ok, _, stderr) = common::exp::exp_default(&out, &oracle);
+    assert!(
+        !ok && stderr.contains("drafters.o.gpu = 0: models/eagle3 is an EAGLE-3 head"),
         "{stderr}"
     );
     assert!(!out.join("results.jsonl").exists());

@@ -290,6 +290,12 @@ fn load_heads(
             _ => None,
         };
         if let Some(path) = head_path {
+            if let Some(gpu) = d.gpu {
+                return Err(Error::invalid(format!(
+                    "drafters.{name}.gpu = {gpu}: {} is an EAGLE-3 head, which reads the target's hidden states and runs beside its rank 0",
+                    path.display()
+                )));
+            }
             let head = load_eagle3(path, target.model.num_layers(), target.model.embedding())
                 .map_err(|e| Error::invalid(format!("drafters.{name}: {e}")))?;
             heads.insert(name.to_string(), Arc::new(head));
