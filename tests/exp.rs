@@ -62,7 +62,7 @@ fn toy_session(decode: &dyn Fn(&[u32]) -> specdec::Result<String>) -> Session<'_
         .collect();
     Session {
         target: Arc::new(target),
-        target_device: candle_core::Device::Cpu,
+        target_device: common::device::device(),
         drafters,
         prompts,
         decode,

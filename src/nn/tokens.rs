@@ -63,6 +63,21 @@ impl DeviceTokens {
     /// device-to-device copy that `device`'s stream queues after the work producing them:
     /// nothing waits on the host.
     pub fn to_device(&self, device: &candle_core::Device) -> Result<Self> {
+        // Two opened devices of one GPU are two streams: a copy between them is ordered
+        // after nothing (no event tracking), so it could read the ids before they are written.
+        #[cfg(feature = "cuda")]
+        if let (candle_core::Device::Cuda(a), candle_core::Device::Cuda(b)) =
+            (self.ids.device(), device)
+        {
+            let ordinal =
+                |d: &candle_core::cuda_backend::CudaDevice| d.cuda_stream().context().ordinal();
+            if !self.ids.device().same_device(device) && ordinal(a) == ordinal(b) {
+                return Err(Error::invalid(format!(
+                    "ids moved between two streams of GPU {}: open each GPU once",
+                    ordinal(a)
+                )));
+            }
+        }
         Ok(Self {
             ids: self.ids.to_device(device)?,
             bound: self.bound,
