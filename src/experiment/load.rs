@@ -12,9 +12,9 @@ use crate::models::{load_tokenizer, DTypeChoice, LoadOptions, Model};
 use crate::nn::{DeviceTokens, StepIds};
 use crate::speculative::LanguageModel;
 
-/// The device `choice` names; an explicit GPU that is not available is an error, `auto`
-/// takes the first of CUDA, Metal and the CPU that works.
-pub fn select_device(choice: DeviceChoice) -> Result<Device> {
+/// The device `choice` names (CUDA: GPU `gpu`, the target's rank 0's); an explicit GPU that
+/// is not available is an error, `auto` takes the first of CUDA, Metal and the CPU that works.
+pub fn select_device(choice: DeviceChoice, gpu: usize) -> Result<Device> {
     let unavailable = |name: &str, feature: &str, e: candle_core::Error| {
         Error::invalid(format!(
             "device = \"{name}\": not available ({e}); build with `--features {feature}` on a machine that has one, or use device = \"cpu\""
@@ -22,12 +22,12 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device> {
     };
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Cuda => crate::nn::open_cuda(0).map_err(|e| unavailable("cuda", "cuda", e)),
+        DeviceChoice::Cuda => crate::nn::open_cuda(gpu).map_err(|e| unavailable("cuda", "cuda", e)),
         DeviceChoice::Metal => Device::new_metal(0).map_err(|e| unavailable("metal", "metal", e)),
         // `*_is_available` only says the backend was compiled in; a build with CUDA on a
         // machine without a GPU falls back to the CPU.
         DeviceChoice::Auto => Ok(candle_core::utils::cuda_is_available()
-            .then(|| crate::nn::open_cuda(0).ok())
+            .then(|| crate::nn::open_cuda(gpu).ok())
             .flatten()
             .or_else(|| {
                 candle_core::utils::metal_is_available()

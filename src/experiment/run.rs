@@ -104,7 +104,8 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     };
     let (prompts, turns) = encode_prompts(config, &tokenizer, template.as_ref())?;
     check_context(config, &prompts)?;
-    let device = select_device(config.device)?;
+    let first_gpu = config.target.gpus.as_ref().and_then(|g| g.first().copied());
+    let device = select_device(config.device, first_gpu.unwrap_or(0))?;
     let mut placement = Placement::new(device.clone());
     let ranks = placement.target(&config.target)?;
     let load = LoadOptions {
