@@ -50,6 +50,7 @@ fn spec_bench_conversations_run_every_turn_with_the_store_on_and_off() {
     let opts = RunOptions {
         out: Some(out.clone()),
         progress: false,
+        process: None,
     };
     run_experiment(&config, &opts).unwrap();
     let records = records(&out);
@@ -130,6 +131,7 @@ fn tree_points_run_conversations_with_the_store_and_match_the_chain() {
     let opts = RunOptions {
         out: Some(out.clone()),
         progress: false,
+        process: None,
     };
     run_experiment(&config, &opts).unwrap();
     let records = records(&out);

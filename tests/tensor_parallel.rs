@@ -23,7 +23,8 @@ use common::run::{fresh, greedy};
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{ModelCache, RotatingStrategy};
 use specdec::engine::EngineOptions;
-use specdec::models::{load_eagle3, LoadOptions, Model};
+use specdec::models::{load_eagle3, LoadOptions, Model, RankGroup};
+use specdec::speculative::GenParams;
 use specdec::speculative::{
     generate, CachedSequence, Drafter, Drafting, Eagle3Drafter, LanguageModel, ModelDrafter,
     TreeParams,
@@ -80,13 +81,25 @@ fn rank_kv(cache: &ModelCache, layers: usize, rank: usize) -> Vec<(Tensor, Tenso
 fn assert_same_kv(whole: &ModelCache, split: &ModelCache, world: usize, what: &str) {
     let layers = whole.num_layers();
     assert_eq!(split.num_layers(), layers * world, "{what}");
-    let reference = rank_kv(whole, layers, 0);
     for rank in 0..world {
-        for (l, ((k, v), (wk, wv))) in rank_kv(split, layers, rank)
-            .iter()
-            .zip(&reference)
-            .enumerate()
-        {
+        assert_same_kv_of_rank(whole, &rank_kv(split, layers, rank), world, rank, what);
+    }
+}
+
+/// `own` (one rank's K/V, layer by layer) holds the whole model's K/V heads that `rank` of
+/// `world` holds.
+fn assert_same_kv_of_rank(
+    whole: &ModelCache,
+    own: &[(Tensor, Tensor)],
+    world: usize,
+    rank: usize,
+    what: &str,
+) {
+    let layers = whole.num_layers();
+    assert_eq!(own.len(), layers, "{what}");
+    let reference = rank_kv(whole, layers, 0);
+    {
+        for (l, ((k, v), (wk, wv))) in own.iter().zip(&reference).enumerate() {
             let (kv, local) = (wk.dim(1).unwrap(), k.dim(1).unwrap());
             let first = if kv >= world {
                 rank * local
@@ -283,6 +296,85 @@ fn a_split_target_extends_a_held_prompt_like_the_whole_target() {
     specdec::engine::set(before).unwrap();
 }
 
+/// Ranks run as separate programs (one process per rank, on several hosts; here one thread
+/// per rank on the CPU, each with its own model part, draft model, caches and random
+/// generator, joined only by the all-reduce): each rank loads its own LM head and decides
+/// alone, and every rank generates the whole target's tokens, plainly, speculatively (greedy)
+/// and sampled, with its caches holding the whole target's K/V heads it owns.
+#[test]
+fn ranks_in_separate_programs_decide_alike() {
+    let _group = one_group_at_a_time();
+    if !common::device::device().is_cpu() {
+        eprintln!("skipped: ranks as threads share a host all-reduce (CPU only); on CUDA the ranks of separate processes join by NCCL");
+        return;
+    }
+    let dir = repo_path("models/target");
+    let whole = shipped("target");
+    let draft = Arc::new(shipped("draft"));
+    let prompt = tokens(24, whole.info().vocab_size, 7);
+    let sampled = GenParams {
+        sampling: specdec::speculative::SamplingParams {
+            temperature: 1.0,
+            ..specdec::speculative::SamplingParams::greedy()
+        },
+        ..greedy(96, 4)
+    };
+    let run = |model: &Model, params: &GenParams, speculate: bool| {
+        let mut cache = model.new_cache(slack()).unwrap();
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut drafter = ModelDrafter::new("draft", draft.clone(), slack(), None).unwrap();
+        let drafting = match speculate {
+            true => Drafting::chain(&mut drafter),
+            false => Drafting::None,
+        };
+        let out = fresh(model, &mut cache, &prompt, params, drafting, &mut rng).unwrap();
+        (out.output_ids, cache)
+    };
+    let cases = [
+        (greedy(96, 1), false),
+        (greedy(96, 4), true),
+        (sampled, true),
+    ];
+    for world in ranks() {
+        let handles = specdec::nn::shard::HostGroup::handles(world);
+        let per_rank: Vec<Vec<(Vec<u32>, ModelCache)>> = std::thread::scope(|s| {
+            let threads: Vec<_> = handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, reduce)| {
+                    let (dir, cases, run) = (&dir, &cases, &run);
+                    s.spawn(move || {
+                        let group = RankGroup {
+                            rank,
+                            reduce: Arc::new(reduce),
+                        };
+                        let part = load_with(
+                            dir,
+                            &LoadOptions {
+                                tensor_parallel: world,
+                                rank_group: Some(group),
+                                ..load_options()
+                            },
+                        );
+                        assert_eq!(part.ranks(), world);
+                        cases.iter().map(|(p, sp)| run(&part, p, *sp)).collect()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (i, (params, speculate)) in cases.iter().enumerate() {
+            let (want, whole_cache) = run(&whole, params, *speculate);
+            for (rank, outs) in per_rank.iter().enumerate() {
+                let what = format!("{world} ranks, rank {rank}, case {i}");
+                assert_eq!(outs[i].0, want, "{what}");
+                let own = rank_kv(&outs[i].1, whole.num_layers(), 0);
+                assert_same_kv_of_rank(&whole_cache, &own, world, rank, &what);
+            }
+        }
+    }
+}
+
 /// A cache in which one rank's layers moved without the others' (what a commit or rollback
 /// reaching only some ranks would leave) is refused by the next forward, naming the rank.
 #[test]
@@ -398,10 +490,83 @@ fn exp_runs_a_split_target() {
         let (own, ok, _, stderr) = run("own", Some("drafters.small.gpu=1"));
         assert!(ok, "{stderr}");
         assert_eq!(records(&own), a, "the draft on a GPU of its own");
+        // The two ranks in two processes, one GPU each, joined through a rendezvous file.
+        let rendezvous = dir.path().join("nccl-id");
+        let procs: Vec<_> = (0..2)
+            .map(|rank| {
+                let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_exp"));
+                let out = dir.path().join(format!("process{rank}"));
+                cmd.args(["run", "configs/default.toml", "--no-progress", "--out"])
+                    .arg(&out)
+                    .args(["--rank", &rank.to_string(), "--rendezvous"])
+                    .arg(&rendezvous)
+                    .env("CUDA_VISIBLE_DEVICES", rank.to_string());
+                for set in base.iter().chain(&["target.tensor_parallel=2"]) {
+                    cmd.args(["--set", set]);
+                }
+                // Both started before either is waited for: each waits for the other in NCCL.
+                let child = cmd
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (out, child)
+            })
+            .collect();
+        for (out, child) in procs {
+            let done = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&done.stderr);
+            assert!(done.status.success(), "{}: {stderr}", out.display());
+            assert_eq!(records(&out), a, "{}", out.display());
+        }
     } else {
         assert!(!ok && stderr.contains("target.gpus = [1, 0]"), "{stderr}");
         assert!(!out.join("results.jsonl").exists());
     }
+}
+
+/// `exp --rank`: a rank outside the split, `target.gpus` beside it, or (without CUDA and
+/// NCCL) any rank is refused naming the flag, and no results are written; `--rank` needs
+/// `--rendezvous`.
+#[test]
+fn a_process_rank_is_refused_where_it_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let rendezvous = dir.path().join("id");
+    let rendezvous = rendezvous.to_str().unwrap();
+    let out = dir.path().join("r");
+    let out = out.to_str().unwrap();
+    let exp = |args: &[&str]| {
+        let mut all = vec!["run", "configs/default.toml", "--out", out];
+        all.extend(args);
+        common::exp::exp(&all)
+    };
+    let split = [
+        "--set",
+        "target.tensor_parallel=2",
+        "--rendezvous",
+        rendezvous,
+    ];
+    let (ok, _, stderr) = exp(&[&split[..], &["--rank", "2"]].concat());
+    assert!(
+        !ok && stderr.contains("--rank 2: target.tensor_parallel = 2 has ranks 0..1"),
+        "{stderr}"
+    );
+    let gpus = ["--rank", "1", "--set", "target.gpus=[0, 1]"];
+    let (ok, _, stderr) = exp(&[&split[..], &gpus].concat());
+    assert!(
+        !ok && stderr.contains("with --rank each process runs one rank"),
+        "{stderr}"
+    );
+    if !common::device::device().is_cuda() {
+        let (ok, _, stderr) = exp(&[&split[..], &["--rank", "1"]].concat());
+        assert!(
+            !ok && stderr.contains("--rank 1: ranks in separate processes join by NCCL"),
+            "{stderr}"
+        );
+    }
+    let (ok, _, stderr) = exp(&["--rank", "0"]);
+    assert!(!ok && stderr.contains("--rendezvous"), "{stderr}");
+    assert!(!Path::new(out).join("results.jsonl").exists());
 }
 
 /// Placements that cannot work are refused before anything loads, each problem naming its

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use specdec::bench_cache::{self, BenchConfig};
-use specdec::experiment::{run_experiment, ExperimentConfig, RunOptions};
+use specdec::experiment::{run_experiment, ExperimentConfig, ProcessRank, RunOptions};
 
 /// Run speculative decoding experiments: compare acceptance rates and speedups of draft
 /// models and n-gram drafting against autoregressive decoding.
@@ -83,6 +83,15 @@ struct RunArgs {
     /// Do not draw the progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Run only this rank of the target's `tensor_parallel` ranks, the others in processes of
+    /// their own (on this host or others, each running the same config with its own --rank):
+    /// CUDA with NCCL; each process on GPU 0 of those it sees (set CUDA_VISIBLE_DEVICES).
+    #[arg(long, value_name = "R", requires = "rendezvous")]
+    rank: Option<usize>,
+    /// With --rank: a file every process can read, fresh per launch, through which rank 0
+    /// hands the others the group's NCCL id.
+    #[arg(long, value_name = "FILE", requires = "rank")]
+    rendezvous: Option<PathBuf>,
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -93,6 +102,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let opts = RunOptions {
         out: args.out,
         progress: !args.no_progress,
+        process: args
+            .rank
+            .zip(args.rendezvous)
+            .map(|(rank, rendezvous)| ProcessRank { rank, rendezvous }),
     };
     let outcome = run_experiment(&config, &opts)
         .with_context(|| format!("experiment {} ({}) failed", config.name, path.display()))?;

@@ -49,7 +49,7 @@ pub use report::{
     csv, markdown, markdown_table, prefill_section, prompt_markdown, prompt_rows, store_section,
     tree_markdown, turns_section, PromptRow, StrategyCheck,
 };
-pub use run::{run_experiment, RunOptions, RunOutcome};
+pub use run::{run_experiment, ProcessRank, RunOptions, RunOutcome};
 pub use runner::{Conversations, DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
 pub use schedule::{pairing_groups, schedule, Slot};
 pub use stats::{median, median_interval, paired_ratios, MedianInterval};

@@ -29,7 +29,7 @@ use super::runner::{
 use super::summary::{summarize, PointSummary};
 use super::sweep::{sweep_points, SweepPoint};
 use crate::error::{Error, Result};
-use crate::models::{is_eagle3, load_eagle3, load_tokenizer, LoadOptions};
+use crate::models::{is_eagle3, load_eagle3, load_tokenizer, LoadOptions, RankGroup};
 use crate::nn::Eagle3Head;
 use crate::speculative::ReferenceStore;
 
@@ -40,6 +40,23 @@ pub struct RunOptions {
     pub out: Option<PathBuf>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// This process runs one rank of the target, the others run in other processes (other
+    /// hosts), each running the same config (see [`ProcessRank`]); `None`: every rank here.
+    pub process: Option<ProcessRank>,
+}
+
+/// `exp --rank R --rendezvous FILE`: this process runs rank `rank` of the target's
+/// `tensor_parallel` ranks on its CUDA device (GPU 0 of those it sees: give each process its
+/// GPU with `CUDA_VISIBLE_DEVICES`), its drafters beside it. Every process runs the whole
+/// experiment and takes the same decisions (every rank computes the logits); each writes its
+/// own results (ranks past 0 to `<name>-rank<R>` by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessRank {
+    /// This process's rank.
+    pub rank: usize,
+    /// The file through which rank 0 hands the others the group's NCCL id (a path every
+    /// process reads, fresh per launch).
+    pub rendezvous: PathBuf,
 }
 
 /// What a finished run produced.
@@ -92,10 +109,10 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     };
     config.validate()?;
     config.check_paths()?;
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| default_result_path(&config.name));
+    let out = opts.out.clone().unwrap_or_else(|| match &opts.process {
+        Some(p) if p.rank > 0 => default_result_path(&format!("{}-rank{}", config.name, p.rank)),
+        _ => default_result_path(&config.name),
+    });
     let dir = ResultDir::plan(out)?;
     let tokenizer = load_tokenizer(&config.target.path)?;
     let template = match config.dataset.chat_template {
@@ -107,7 +124,11 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
     let first_gpu = config.target.gpus.as_ref().and_then(|g| g.first().copied());
     let device = select_device(config.device, first_gpu.unwrap_or(0))?;
     let mut placement = Placement::new(device.clone());
-    let ranks = placement.target(&config.target)?;
+    let group = process_rank(config, opts, &device)?;
+    let ranks = match group {
+        Some(_) => vec![device.clone()],
+        None => placement.target(&config.target)?,
+    };
     let load = LoadOptions {
         random_weights: config.random_weights,
         ..load_options(device.clone(), config.dtype)
@@ -117,6 +138,7 @@ pub fn run_experiment(config: &ExperimentConfig, opts: &RunOptions) -> Result<Ru
         quantized: config.target.quantized,
         tensor_parallel: config.target.tensor_parallel,
         rank_devices: if ranks.len() > 1 { ranks } else { Vec::new() },
+        rank_group: group,
         ..load.clone()
     };
     let mut target = LoadedModel::load(&config.target.path, &target_load)?;
@@ -433,6 +455,37 @@ fn place(at: candle_core::DeviceLocation) -> String {
     }
 }
 
+/// This process's rank of a target split over processes (`--rank`), joined to the others.
+fn process_rank(
+    config: &ExperimentConfig,
+    opts: &RunOptions,
+    device: &candle_core::Device,
+) -> Result<Option<RankGroup>> {
+    let Some(p) = &opts.process else {
+        return Ok(None);
+    };
+    let world = config.target.tensor_parallel;
+    if p.rank >= world {
+        return Err(Error::invalid(format!(
+            "--rank {}: target.tensor_parallel = {world} has ranks 0..{}",
+            p.rank,
+            world.saturating_sub(1)
+        )));
+    }
+    if let Some(gpus) = &config.target.gpus {
+        return Err(Error::invalid(format!(
+            "target.gpus = {gpus:?}: with --rank each process runs one rank on its device (give it its GPU with CUDA_VISIBLE_DEVICES)"
+        )));
+    }
+    let wait = std::time::Duration::from_secs(600);
+    let reduce = crate::nn::process_group(device, p.rank, world, &p.rendezvous, wait)
+        .map_err(|e| Error::invalid(format!("--rank {}: {e}", p.rank)))?;
+    Ok(Some(RankGroup {
+        rank: p.rank,
+        reduce,
+    }))
+}
+
 /// The run's setting, for the head of summary.md.
 fn describe(
     config: &ExperimentConfig,
@@ -462,12 +515,19 @@ fn describe(
         s += "* random weights drawn from each model's config.json (random_weights = true): a speed study; the outputs mean nothing\n";
     }
     let ranks = target.model.rank_locations();
+    let world = target.model.ranks();
     if ranks.len() > 1 {
         let on: Vec<String> = ranks.iter().map(|&l| place(l)).collect();
         s += &format!(
             "* target split over {} ranks (tensor parallelism) on {}\n",
             ranks.len(),
             on.join(", ")
+        );
+    } else if world > 1 {
+        s += &format!(
+            "* target split over {world} ranks in separate processes (tensor parallelism); this process ran rank {} on {}\n",
+            target.model.rank(),
+            place(ranks[0])
         );
     }
     for (name, d) in drafts {

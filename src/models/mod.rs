@@ -87,6 +87,10 @@ pub struct LoadOptions {
     /// (empty: the default above). Devices shared with other models must be the same
     /// [`Device`] values (one stream per GPU: see `experiment::Placement`).
     pub rank_devices: Vec<Device>,
+    /// This process runs one rank only, of a group whose other ranks run in other processes
+    /// (other hosts): `tensor_parallel` ranks in all, each process running the same program
+    /// (see [`crate::nn::Decoder::load_rank`]). `None`: every rank in this process.
+    pub rank_group: Option<RankGroup>,
     /// Random weights at the checkpoint's shapes from its `config.json` alone (see
     /// [`Weights::random`]): for speed measurements at published shapes; nothing else is
     /// read from the directory.
@@ -101,9 +105,20 @@ impl Default for LoadOptions {
             quantized: false,
             tensor_parallel: 1,
             rank_devices: Vec::new(),
+            rank_group: None,
             random_weights: false,
         }
     }
+}
+
+/// One rank of a group spread over processes: its index and its end of the group's
+/// all-reduce (NCCL between processes: `crate::nn::process_group`; threads in tests).
+#[derive(Debug, Clone)]
+pub struct RankGroup {
+    /// This process's rank, `0..tensor_parallel`.
+    pub rank: usize,
+    /// Its end of the all-reduce.
+    pub reduce: std::sync::Arc<dyn crate::nn::shard::AllReduce>,
 }
 
 /// What a loaded model is.
@@ -149,15 +164,24 @@ impl Model {
         }
         let (arch, spec, weights, eos_token_ids) = checkpoint_parts(path, opts)?;
         let dtype = weights.dtype();
-        let decoder = match opts.tensor_parallel {
-            0 | 1 => Decoder::load(&spec, &weights)?,
-            world => {
-                if opts.quantized {
-                    return Err(Error::invalid(format!(
-                        "{}: tensor_parallel = {world} splits dense weights; quantized = true is not supported with it",
-                        path.display()
-                    )));
-                }
+        if opts.tensor_parallel > 1 && opts.quantized {
+            return Err(Error::invalid(format!(
+                "{}: tensor_parallel = {} splits dense weights; quantized = true is not supported with it",
+                path.display(),
+                opts.tensor_parallel
+            )));
+        }
+        let decoder = match (opts.tensor_parallel, &opts.rank_group) {
+            (0 | 1, _) => Decoder::load(&spec, &weights)?,
+            (world, Some(group)) => {
+                let shard = crate::nn::shard::Shard {
+                    rank: group.rank,
+                    world,
+                };
+                Decoder::load_rank(&spec, &weights, shard, group.reduce.clone())
+                    .map_err(|e| Error::invalid(format!("{}: {e}", path.display())))?
+            }
+            (world, None) => {
                 let devices = match opts.rank_devices.as_slice() {
                     [] => rank_devices(&opts.device, world)?,
                     given if given.len() == world && given[0].same_device(&opts.device) => {

@@ -197,14 +197,19 @@ impl Decoder {
     /// Loads every tensor `spec` names from `weights` (shapes checked, converted to the
     /// compute dtype) and precomputes the RoPE tables.
     pub fn load(spec: &DecoderSpec, weights: &Weights) -> Result<Self> {
-        Self::load_shard(spec, weights, Shard::WHOLE)
+        Self::load_shard(spec, weights, Shard::WHOLE, true)
     }
 
     /// Rank `shard.rank`'s part of a model split over `shard.world` ranks (see
     /// [`super::shard`]; the split checked by [`Shard::check`]): its heads, MLP columns and
-    /// the replicated embedding and norms. Ranks other than 0 compute no logits and load no
-    /// LM head. [`Decoder::load`] is the whole model.
-    pub(super) fn load_shard(spec: &DecoderSpec, weights: &Weights, shard: Shard) -> Result<Self> {
+    /// the replicated embedding and norms, and the LM head where `head` (a rank that computes
+    /// no logits loads none). [`Decoder::load`] is the whole model.
+    pub(super) fn load_shard(
+        spec: &DecoderSpec,
+        weights: &Weights,
+        shard: Shard,
+        head: bool,
+    ) -> Result<Self> {
         Shard::check(spec, shard.world)?;
         let (dtype, device) = (weights.dtype(), weights.device());
         let loader = Loader {
@@ -237,8 +242,8 @@ impl Decoder {
             })
             .collect::<Result<Vec<_>>>()?;
         let norm = loader.norm(&format!("{}norm.weight", spec.prefix), hidden, 1.0)?;
-        // Ranks past 0 never run the head: the embedding stands in, loading nothing.
-        let lm_head = if spec.tie_embeddings || shard.rank > 0 {
+        // A rank that never runs the head: the embedding stands in, loading nothing.
+        let lm_head = if spec.tie_embeddings || !head {
             Linear::new(embed.clone(), None)
         } else {
             Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)
@@ -246,7 +251,7 @@ impl Decoder {
         let param_count = embed.elem_count()
             + blocks.iter().map(Block::param_count).sum::<usize>()
             + norm.param_count()
-            + if spec.tie_embeddings || shard.rank > 0 {
+            + if spec.tie_embeddings || !head {
                 0
             } else {
                 lm_head.param_count()

@@ -38,7 +38,7 @@ pub use fused::{argmax_rows, folded_gemv, open_cuda, Folded, Gate};
 pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, GraphCensus};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
-pub use parallel::all_reduce_group;
+pub use parallel::{all_reduce_group, process_group};
 pub use rope::{Rope, RopeScaling, RopeSpec};
 pub use skinny::skinny_matmul;
 pub use spec::{DecoderSpec, LayerKind, NormLayout};

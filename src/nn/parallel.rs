@@ -58,7 +58,7 @@ impl Decoder {
                     let weights_on = &weights_on;
                     s.spawn(move || {
                         let weights = weights_on(device)?;
-                        Decoder::load_shard(spec, &weights, Shard { rank, world })
+                        Decoder::load_shard(spec, &weights, Shard { rank, world }, rank == 0)
                     })
                 })
                 .collect();
@@ -81,6 +81,31 @@ impl Decoder {
         }
         first.param_count = spec.param_count();
         Ok(first)
+    }
+
+    /// Rank `shard.rank` of a group whose other ranks run elsewhere (other processes or
+    /// hosts, each running the same program; in tests, other threads): its part of `spec`
+    /// from `weights`, summing with `reduce`, and its own LM head. Every rank then computes
+    /// the logits from the same residual stream (an all-reduce leaves the same bits on every
+    /// rank), so given the same inputs and seeds every rank takes the same decisions and the
+    /// same cache operations: no rank sends another its tokens. Its caches
+    /// ([`Decoder::new_cache`]) hold its own layers only.
+    pub fn load_rank(
+        spec: &DecoderSpec,
+        weights: &Weights,
+        shard: Shard,
+        reduce: Arc<dyn AllReduce>,
+    ) -> Result<Decoder> {
+        if shard.rank >= shard.world {
+            return Err(Error::invalid(format!(
+                "rank {} of a group of {}",
+                shard.rank, shard.world
+            )));
+        }
+        let mut decoder = Decoder::load_shard(spec, weights, shard, true)?;
+        decoder.parallel = Some(Box::new(Parallel::new(shard, reduce)));
+        decoder.param_count = spec.param_count();
+        Ok(decoder)
     }
 
     /// A forward on every rank at once (rank 0 here, the others on threads of their own),
@@ -325,6 +350,28 @@ fn cpu_pools(world: usize) -> Result<Vec<rayon::ThreadPool>> {
                 .map_err(|e| Error::invalid(format!("tensor-parallel rank {rank}: {e}")))
         })
         .collect()
+}
+
+/// This process's end of a tensor-parallel group whose ranks are processes (on one host or
+/// several): NCCL, joined through the file `rendezvous` (rank 0 writes the group's id there,
+/// the others wait up to `wait` for it). CUDA builds with the `nccl` feature only.
+pub fn process_group(
+    device: &Device,
+    rank: usize,
+    world: usize,
+    rendezvous: &std::path::Path,
+    wait: std::time::Duration,
+) -> Result<Arc<dyn AllReduce>> {
+    #[cfg(feature = "nccl")]
+    return super::cuda::nccl::process_group(device, rank, world, rendezvous, wait);
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = (rank, world, rendezvous, wait);
+        Err(Error::invalid(format!(
+            "ranks in separate processes join by NCCL: a CUDA build with --features nccl (scripts/build-cuda.sh with SPECDEC_NCCL=1); this run's device is {:?}",
+            device.location()
+        )))
+    }
 }
 
 /// The all-reduce of a group with one rank per device of `devices` (rank order): threads of

@@ -104,10 +104,10 @@ impl Decoder {
     }
 
     /// Empty caches: a [`KvCache`] per full layer, a [`RotatingKvCache`] per sliding one;
-    /// of a tensor-parallel model, one such set per rank, rank after rank (each rank caches
-    /// its own KV heads), so every transaction of the [`ModelCache`] spans every rank.
+    /// of a tensor-parallel model, one such set per rank it runs, rank after rank (each rank
+    /// caches its own KV heads), so every transaction of the [`ModelCache`] spans them all.
     pub fn new_cache(&self, strategy: RotatingStrategy) -> Result<ModelCache> {
-        let layers = std::iter::repeat_n(&self.kinds, self.ranks())
+        let layers = std::iter::repeat_n(&self.kinds, self.local_ranks())
             .flatten()
             .map(|kind| match *kind {
                 LayerKind::Full => Ok(LayerCache::Kv(KvCache::new(DEFAULT_STEP))),
@@ -205,7 +205,18 @@ impl Decoder {
         self.parallel.as_ref().map_or(1, |p| p.world())
     }
 
-    /// Where each rank runs, rank 0 first (one entry when not split).
+    /// This decoder's rank in its group (0 when not split).
+    pub fn rank(&self) -> usize {
+        self.parallel.as_ref().map_or(0, |p| p.rank())
+    }
+
+    /// Ranks this decoder runs: itself and the peers it leads (a rank loaded by
+    /// `Decoder::load_rank` runs only itself).
+    fn local_ranks(&self) -> usize {
+        1 + self.parallel.as_ref().map_or(0, |p| p.peers().len())
+    }
+
+    /// Where each rank this decoder runs is, itself first (one entry when not split).
     pub fn rank_locations(&self) -> Vec<candle_core::DeviceLocation> {
         let peers = self.parallel.iter().flat_map(|p| p.peers());
         std::iter::once(self)
@@ -484,7 +495,7 @@ impl Decoder {
                 }
             }
         }
-        let layers = self.kinds.len() * self.ranks();
+        let layers = self.kinds.len() * self.local_ranks();
         if cache.num_layers() != layers {
             return Err(Error::invalid(format!(
                 "cache has {} layers but the model has {layers}; build it with new_cache",
@@ -570,6 +581,11 @@ impl Parallel {
     /// Ranks in the group.
     pub(super) fn world(&self) -> usize {
         self.shard.world
+    }
+
+    /// This rank's index.
+    pub(super) fn rank(&self) -> usize {
+        self.shard.rank
     }
 
     /// This rank's all-reduce.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, ReduceOp};
+use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CustomOp1, DType, Device, Layout, Shape, Tensor};
 
@@ -60,6 +60,81 @@ pub(crate) fn group(devices: &[Device]) -> Result<Vec<Arc<dyn AllReduce>>> {
             }) as Arc<dyn AllReduce>
         })
         .collect())
+}
+
+/// This process's end of an NCCL group whose ranks are processes, on one host or several
+/// (NCCL's network transports join hosts): rank 0 makes the group's id and writes it to
+/// `rendezvous` (a path every process can read: a shared file system; a fresh one per launch,
+/// so that no rank reads an earlier launch's id), the others wait up to `wait` for it; then
+/// every rank joins on `device`'s GPU (`ncclCommInitRank`, which waits for all of them).
+pub(crate) fn process_group(
+    device: &Device,
+    rank: usize,
+    world: usize,
+    rendezvous: &std::path::Path,
+    wait: std::time::Duration,
+) -> Result<Arc<dyn AllReduce>> {
+    let Device::Cuda(dev) = device else {
+        return Err(Error::invalid(format!(
+            "ranks in separate processes join by NCCL on CUDA GPUs, not on {:?}",
+            device.location()
+        )));
+    };
+    let nccl = |e| Error::invalid(format!("NCCL: {e:?}"));
+    let id = if rank == 0 {
+        if rendezvous.exists() {
+            return Err(Error::invalid(format!(
+                "{}: exists (an earlier launch's?): rank 0 writes the group's id to a fresh path",
+                rendezvous.display()
+            )));
+        }
+        let id = Id::new().map_err(nccl)?;
+        let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+        let partial = rendezvous.with_extension("partial");
+        std::fs::write(&partial, bytes).map_err(|e| Error::io(&partial, e))?;
+        std::fs::rename(&partial, rendezvous).map_err(|e| Error::io(rendezvous, e))?;
+        id
+    } else {
+        let start = std::time::Instant::now();
+        let bytes = loop {
+            match std::fs::read(rendezvous) {
+                Ok(bytes) => break bytes,
+                Err(_) if start.elapsed() < wait => {
+                    std::thread::sleep(std::time::Duration::from_millis(100))
+                }
+                Err(e) => {
+                    return Err(Error::invalid(format!(
+                        "{}: rank 0 wrote no NCCL id within {} s ({e})",
+                        rendezvous.display(),
+                        wait.as_secs()
+                    )))
+                }
+            }
+        };
+        let mut internal = [0 as std::ffi::c_char; 128];
+        if bytes.len() != internal.len() {
+            return Err(Error::invalid(format!(
+                "{}: {} bytes, not an NCCL id ({})",
+                rendezvous.display(),
+                bytes.len(),
+                internal.len()
+            )));
+        }
+        for (d, b) in internal.iter_mut().zip(bytes) {
+            *d = b as std::ffi::c_char;
+        }
+        Id::uninit(internal)
+    };
+    let comm = Comm::from_rank(dev.cuda_stream(), rank, world, id).map_err(|e| {
+        Error::invalid(format!(
+            "NCCL could not start rank {rank} of {world} on GPU {}: {e:?}",
+            dev.cuda_stream().context().ordinal()
+        ))
+    })?;
+    Ok(Arc::new(NcclReduce {
+        comm,
+        aborted: Arc::new(AtomicBool::new(false)),
+    }))
 }
 
 impl AllReduce for NcclReduce {
