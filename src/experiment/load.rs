@@ -53,7 +53,7 @@ impl Placement {
     /// Placement on the run's `device` (its GPU, if CUDA, is the first opened).
     pub fn new(device: Device) -> Self {
         let mut gpus = std::collections::BTreeMap::new();
-        if let Some(ordinal) = cuda_ordinal(&device) {
+        if let Some(ordinal) = crate::nn::cuda_ordinal(&device) {
             gpus.insert(ordinal, device.clone());
         }
         Self { device, gpus }
@@ -61,7 +61,7 @@ impl Placement {
 
     /// GPU `ordinal`, opened once; `key` (the config key naming it) heads the errors.
     fn gpu(&mut self, ordinal: usize, key: &str) -> Result<Device> {
-        if cuda_ordinal(&self.device).is_none() {
+        if crate::nn::cuda_ordinal(&self.device).is_none() {
             return Err(Error::invalid(format!(
                 "{key}: names CUDA GPU {ordinal}; this run's device is {:?}",
                 self.device.location()
@@ -87,7 +87,7 @@ impl Placement {
                 .map(|&g| self.gpu(g, &format!("target.gpus = {gpus:?}")))
                 .collect();
         }
-        match cuda_ordinal(&self.device) {
+        match crate::nn::cuda_ordinal(&self.device) {
             Some(first) => (first..first + n)
                 .map(|g| self.gpu(g, &format!("target.tensor_parallel = {n}")))
                 .collect(),
@@ -101,15 +101,6 @@ impl Placement {
             Some(g) => self.gpu(g, &format!("drafters.{name}.gpu = {g}")),
             None => Ok(beside.clone()),
         }
-    }
-}
-
-/// The CUDA ordinal of `device` (`None` off CUDA).
-pub fn cuda_ordinal(device: &Device) -> Option<usize> {
-    match device {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(d) => Some(d.cuda_stream().context().ordinal()),
-        _ => None,
     }
 }
 

@@ -378,6 +378,15 @@ pub fn open_cuda(ordinal: usize) -> candle_core::Result<candle_core::Device> {
     Ok(device)
 }
 
+/// The CUDA ordinal of `device` (`None` off CUDA).
+pub fn cuda_ordinal(device: &candle_core::Device) -> Option<usize> {
+    match device {
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => Some(d.cuda_stream().context().ordinal()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Tensor};

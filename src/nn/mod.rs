@@ -34,7 +34,7 @@ pub use clock::QueueMark;
 pub use cuda::{kernel_trace, TraceRecord};
 pub use eagle3::{Eagle3Head, Eagle3Parts};
 pub(crate) use fused::argmax_on_device;
-pub use fused::{argmax_rows, folded_gemv, open_cuda, Folded, Gate};
+pub use fused::{argmax_rows, cuda_ordinal, folded_gemv, open_cuda, Folded, Gate};
 pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, GraphCensus};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};

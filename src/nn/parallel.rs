@@ -142,8 +142,7 @@ impl Decoder {
         // Every rank's ids on its device before any rank starts: a peer copying them from
         // rank 0's stream once rank 0 has queued its first all-reduce would wait on that
         // all-reduce, which waits on the peer (a deadlock).
-        let device = self.embed.device();
-        let first = ids.tensor(device)?.to_device(device)?;
+        let first = ids.tensor(self.embed.device())?;
         // Host ids go to each device straight from the host; device ids through it.
         let peer_ids = parallel
             .peers()
@@ -153,10 +152,10 @@ impl Decoder {
                 StepIds::Device(_) => Ok(first.to_device(p.embed.device())?),
             })
             .collect::<Result<Vec<Tensor>>>()?;
-        // Every rank records and replays its steps, or none does, so that no all-reduce is
-        // captured on one rank and eager on another (such a mix is the likeliest reason exp
-        // hung on two GPUs). Steps that tap hidden states, and every step once a rank's
-        // recording failed, take the ordinary path on all ranks.
+        // Every rank records and replays its steps, or none does: NCCL hangs when an
+        // all-reduce is captured or replayed on one rank and run eagerly on another. Steps
+        // that tap hidden states, and every step once a rank's recording failed, take the
+        // ordinary path on all ranks.
         #[cfg(feature = "cuda")]
         let graphs = taps.is_none() && self.graphs_on_every_rank(parallel);
         #[cfg(not(feature = "cuda"))]

@@ -65,16 +65,11 @@ impl DeviceTokens {
     pub fn to_device(&self, device: &candle_core::Device) -> Result<Self> {
         // Two opened devices of one GPU are two streams: a copy between them is ordered
         // after nothing (no event tracking), so it could read the ids before they are written.
-        #[cfg(feature = "cuda")]
-        if let (candle_core::Device::Cuda(a), candle_core::Device::Cuda(b)) =
-            (self.ids.device(), device)
-        {
-            let ordinal =
-                |d: &candle_core::cuda_backend::CudaDevice| d.cuda_stream().context().ordinal();
-            if !self.ids.device().same_device(device) && ordinal(a) == ordinal(b) {
+        let ordinal = super::fused::cuda_ordinal;
+        if let (Some(a), Some(b)) = (ordinal(self.ids.device()), ordinal(device)) {
+            if a == b && !self.ids.device().same_device(device) {
                 return Err(Error::invalid(format!(
-                    "ids moved between two streams of GPU {}: open each GPU once",
-                    ordinal(a)
+                    "ids moved between two streams of GPU {a}: open each GPU once"
                 )));
             }
         }
