@@ -7,13 +7,15 @@
 //! heads), a history before the block, sliding windows that cut key tiles, softcaps, block
 //! lengths that are not multiples of any tile, a block past `PREFILL_CHUNK`, and caches of
 //! more splits than the split kernel has blocks per head; and each row of a block against the
-//! same row attended alone (bitwise on CUDA).
+//! same row attended alone (bitwise on CUDA). The same over sliding-window rings read in
+//! place (`specdec::nn::ring_attention`: wrapped or not, windows shorter than a block, stale
+//! positions), against the formula over the slots each row sees.
 mod common;
 
 use candle_core::{DType, Tensor};
 use common::device;
 use common::host::{host, values};
-use specdec::nn::{causal_attention, PREFILL_CHUNK, SPLIT_MAX_ROWS};
+use specdec::nn::{causal_attention, ring_attention, PREFILL_CHUNK, SPLIT_MAX_ROWS};
 
 /// One shape: heads, kv heads, head width, queries, keys before them, window, softcap.
 #[derive(Debug, Clone, Copy)]
@@ -144,30 +146,47 @@ fn cases() -> Vec<Case> {
 /// k, v `[kv, len, d]`.
 fn reference(c: Case, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
     let len = c.history + c.t;
-    let g = c.heads / c.kv;
-    let mut out = vec![0f32; c.t * c.heads * c.d];
-    for h in 0..c.heads {
-        let kh = h / g;
-        for i in 0..c.t {
-            let pos = c.history + i;
-            let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qr = &q[(h * c.t + i) * c.d..][..c.d];
-            let scores: Vec<f64> = (lo..=pos)
-                .map(|j| {
-                    let kr = &k[(kh * len + j) * c.d..][..c.d];
+    let shape = (c.heads, c.kv, c.d, c.t, len);
+    formula(shape, c.softcap, (q, k, v), |i| {
+        let pos = c.history + i;
+        (c.window.map_or(0, |w| (pos + 1).saturating_sub(w))..=pos).collect()
+    })
+}
+
+/// `[t, heads * d]` by the formula, in f64, for `shape = (heads, kv, d, t, len)` from the
+/// host copies of q `[heads, t, d]` and of k, v `[kv, len, d]`, query row `i` seeing the
+/// key rows `seen(i)`.
+fn formula(
+    (heads, kv, d, t, len): (usize, usize, usize, usize, usize),
+    softcap: Option<f64>,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    seen: impl Fn(usize) -> Vec<usize>,
+) -> Vec<f32> {
+    let g = heads / kv;
+    let mut out = vec![0f32; t * heads * d];
+    for i in 0..t {
+        let keys = seen(i);
+        for h in 0..heads {
+            let kh = h / g;
+            let qr = &q[(h * t + i) * d..][..d];
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|&j| {
+                    let kr = &k[(kh * len + j) * d..][..d];
                     let s: f64 = qr.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    c.softcap.map_or(s, |cap| (s / cap).tanh() * cap)
+                    softcap.map_or(s, |cap| (s / cap).tanh() * cap)
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let sum: f64 = w.iter().sum();
-            for e in 0..c.d {
-                let acc: f64 = (lo..=pos)
+            for e in 0..d {
+                let acc: f64 = keys
+                    .iter()
                     .zip(&w)
-                    .map(|(j, p)| p * v[(kh * len + j) * c.d + e] as f64)
+                    .map(|(&j, p)| p * v[(kh * len + j) * d + e] as f64)
                     .sum();
-                out[i * c.heads * c.d + h * c.d + e] = (acc / sum) as f32;
+                out[i * heads * d + h * d + e] = (acc / sum) as f32;
             }
         }
     }
@@ -309,6 +328,129 @@ fn block_rows_equal_each_row_alone() {
                         .zip(&alone)
                         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                     assert!(err <= 1e-5, "{c:?}: row {i} is {err} from the row alone");
+                }
+            }
+        }
+    }
+}
+
+/// A sliding-window ring: heads, kv heads, head width, queries, slots, window, one past the
+/// newest position, the oldest intact position.
+#[derive(Debug, Clone, Copy)]
+struct Ring {
+    heads: usize,
+    kv: usize,
+    d: usize,
+    t: usize,
+    capacity: usize,
+    window: usize,
+    end: usize,
+    lo: usize,
+}
+
+fn rings() -> Vec<Ring> {
+    let ring = |heads, kv, d, t, capacity, window, end, lo| Ring {
+        heads,
+        kv,
+        d,
+        t,
+        capacity,
+        window,
+        end,
+        lo,
+    };
+    vec![
+        // Not yet wrapped; wrapped many times, the visible run crossing the last slot.
+        ring(4, 2, 64, 5, 300, 290, 200, 0),
+        ring(4, 2, 64, 5, 300, 290, 1_000, 0),
+        // Blocks of four rows and one (t = 9), the run ending in the ring's short last split
+        // (300 slots: splits of 256 and 44).
+        ring(4, 2, 64, 9, 300, 292, 2_110, 0),
+        // A ring whose window reaches the key kernels group heads at and blocks take four rows
+        // at by default (Mistral's 4,096): group 4, the run wrapping mid-split.
+        ring(8, 2, 128, 5, 4_104, 4_096, 9_000, 0),
+        ring(8, 2, 128, 7, 4_104, 4_096, 12_400, 0),
+        // Gemma 3's head width (d = 256) and local window, group 2.
+        ring(4, 2, 256, 5, 1_033, 1_024, 5_000, 0),
+        // Windows shorter than the block: rows see different splits, some one, some two.
+        ring(4, 2, 64, 6, 520, 4, 769, 0),
+        ring(4, 2, 64, 6, 520, 1, 1_290, 0),
+        // Positions below `lo` stale (a ring refilled from `lo` on).
+        ring(4, 1, 32, 5, 300, 290, 1_000, 900),
+    ]
+}
+
+/// A ring's queries `[1, heads, t, d]` and slot buffers `[1, kv, capacity, d]` in `dtype`.
+fn ring_inputs(r: Ring, dtype: DType) -> (Tensor, Tensor, Tensor) {
+    let c = Case {
+        heads: r.heads,
+        kv: r.kv,
+        d: r.d,
+        t: r.t,
+        history: r.capacity - r.t - 24,
+        window: None,
+        softcap: None,
+    };
+    inputs(c, dtype)
+}
+
+/// The slots row `i` of a ring's block sees: those holding positions `(qpos - window,
+/// qpos]` from `lo` on, where slot `s` holds the newest position below `end` congruent to
+/// `s`.
+fn ring_seen(r: Ring, i: usize) -> Vec<usize> {
+    let qpos = r.end - r.t + i;
+    let from = (qpos + 1).saturating_sub(r.window).max(r.lo);
+    (from..=qpos).map(|p| p % r.capacity).collect()
+}
+
+/// Attention over a ring read in place (the rows of a verification over a rotating cache):
+/// the block against the formula, and each row against the row attended alone (bitwise on
+/// CUDA, where the split kernel takes the ring as it lies and a block's rows share a
+/// block's K/V reads; elsewhere within f32 rounding).
+#[test]
+fn ring_rows_match_the_formula_and_each_row_alone() {
+    engine_from_env();
+    let dev = device::device();
+    for r in rings() {
+        let dtypes: &[(DType, f32)] = if dev.is_cuda() {
+            &[(DType::F32, 1e-4), (DType::BF16, 2e-2)]
+        } else {
+            &[(DType::F32, 1e-4)]
+        };
+        for &(dtype, tol) in dtypes {
+            let (q, k, v) = ring_inputs(r, dtype);
+            let at = |q: &Tensor, t: usize| {
+                host(&ring_attention(q, (&k, &v), (r.end - r.t + t, r.lo, r.window), None).unwrap())
+            };
+            let block = at(&q, r.t);
+            let shape = (r.heads, r.kv, r.d, r.t, r.capacity);
+            let want = formula(shape, None, (&host(&q), &host(&k), &host(&v)), |i| {
+                ring_seen(r, i)
+            });
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = block
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= tol * scale,
+                "{dtype:?} {r:?}: max error {err} against max |ref| {scale} (tolerance {tol})"
+            );
+            let width = r.heads * r.d;
+            for i in 0..r.t {
+                let alone = at(&q.narrow(2, i, 1).unwrap(), i + 1);
+                let row = &block[i * width..(i + 1) * width];
+                if dev.is_cuda() {
+                    assert!(
+                        row == &alone[..],
+                        "{dtype:?} {r:?}: row {i} differs from the row attended alone"
+                    );
+                } else {
+                    let err = row
+                        .iter()
+                        .zip(&alone)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(err <= 1e-5, "{r:?}: row {i} is {err} from the row alone");
                 }
             }
         }

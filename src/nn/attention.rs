@@ -359,6 +359,47 @@ pub fn causal_attention(
     })
 }
 
+/// Attention of the newest `t` queries `q: [1, h, t, d]` (positions `end - t ..= end - 1`)
+/// over a sliding-window ring `k`, `v: [1, kv, capacity, d]` (position `p` in slot
+/// `p % capacity`; slots of positions below `lo` stale), each query seeing the `window`
+/// positions up to its own from `lo` on, as `[t, h * d]`: the path an [`Attention`] layer
+/// takes for a rotating cache read in place (the device's kernel where it applies, else one
+/// masked product over the slots). The window must leave the newest position's slot to it
+/// alone: `window + t - 1 <= capacity`.
+pub fn ring_attention(
+    q: &Tensor,
+    (k, v): (&Tensor, &Tensor),
+    (end, lo, window): (usize, usize, usize),
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let (t, capacity) = (q.dim(2)?, k.dim(2)?);
+    if t == 0 || t > end || window == 0 || window + t - 1 > capacity {
+        return Err(Error::invalid(format!(
+            "ring attention: {t} queries ending at position {end} with window {window} over a ring of {capacity} slots"
+        )));
+    }
+    if t <= SPLIT_MAX_ROWS {
+        if let Some(out) = fused::ring_attention(q, (k, v), (end, lo, window), softcap)? {
+            return Ok(out);
+        }
+    }
+    // Slot s holds the newest position below `end` that is congruent to s.
+    let mut mask = vec![-1e30f32; t * capacity];
+    for (i, row) in mask.chunks_mut(capacity).enumerate() {
+        let qpos = end - t + i;
+        for (slot, m) in row.iter_mut().enumerate() {
+            let Some(p) = (end - 1).checked_sub((end - 1 + capacity - slot) % capacity) else {
+                continue;
+            };
+            if p >= lo && p <= qpos && p + window > qpos {
+                *m = 0.0;
+            }
+        }
+    }
+    let mask = Tensor::from_vec(mask, (t, capacity), q.device())?;
+    heads_to_rows(attend_masked(q, k, v, None, Some(&mask), softcap)?)
+}
+
 /// The device's kernel for the newest `t` queries over a causal run of keys, as
 /// `[t, h * d]`: split attention for up to [`SPLIT_MAX_ROWS`] rows, flash attention beyond;
 /// `None` where neither applies.

@@ -27,7 +27,8 @@ mod transformer;
 mod weights;
 
 pub use attention::{
-    causal_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK, SPLIT_MAX_ROWS,
+    causal_attention, ring_attention, Attention, AttentionParts, HeadShape, PREFILL_CHUNK,
+    SPLIT_MAX_ROWS,
 };
 pub use clock::QueueMark;
 #[cfg(feature = "cuda")]
