@@ -415,7 +415,11 @@ impl SplitAttention {
             dev,
             &format!(
                 "attn_split_{name}_d{d}_h{hb}{wide}{}{}{fused}{hv}{}",
-                if rows > 1 { format!("_r{rows}") } else { String::new() },
+                if rows > 1 {
+                    format!("_r{rows}")
+                } else {
+                    String::new()
+                },
                 if self.ring.is_some() { "_ring" } else { "" },
                 if cluster { "_cl" } else { "" }
             ),

@@ -465,10 +465,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
             load_vec<T, V16>(kr + c, kv_);
 #pragma unroll
           for (int r = 0; r < RB; ++r)
+            if (r < nr)  // the last row block of a launch may hold fewer rows
 #pragma unroll
-            for (int h = 0; h < HB; ++h)
+              for (int h = 0; h < HB; ++h)
 #pragma unroll
-              for (int e = 0; e < V16; ++e) dot[r][h] += sq[r * HB + h][c + e] * kv_[e];
+                for (int e = 0; e < V16; ++e) dot[r][h] += sq[r * HB + h][c + e] * kv_[e];
         }
 #pragma unroll
         for (int r = 0; r < RB; ++r)
@@ -517,12 +518,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         for (int u = 0; u < VB; ++u)
 #pragma unroll
           for (int r = 0; r < RB; ++r)
+            if (r < nr)
 #pragma unroll
-            for (int h = 0; h < HB; ++h) {
-              const float pj = __shfl_sync(0xffffffffu, p[r][h], base + u);
+              for (int h = 0; h < HB; ++h) {
+                const float pj = __shfl_sync(0xffffffffu, p[r][h], base + u);
 #pragma unroll
-              for (int e = 0; e < E; ++e) acc[r][h][e] += pj * vv[u][e];
-            }
+                for (int e = 0; e < E; ++e) acc[r][h][e] += pj * vv[u][e];
+              }
       }
     }
 
