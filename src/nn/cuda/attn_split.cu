@@ -485,6 +485,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       for (int r = 0; r < RB; ++r)
 #pragma unroll
         for (int h = 0; h < HB; ++h) {
+          p[r][h] = 0.f;
+          if (r >= nr) continue;
           float tile_max = sc[r][h];
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1)
