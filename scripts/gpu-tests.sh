@@ -48,7 +48,7 @@ one() {  # one <binary> <dtype> [filter...]
   line=$(echo "$out" | grep -E "^test result:" | tail -1)
   [ -n "$line" ] || line="no result line (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))"
   echo "$line" | tee -a "$log"
-  echo "| ${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }${SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN:+SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN=$SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
+  echo "| ${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
   if [ $rc -ne 0 ]; then
     status=1
     echo "$out" | grep -E "panicked at|^---- |relative error|assert" | head -20 | sed 's/^/    /' >> "$report.failures"
@@ -88,13 +88,6 @@ SPECDEC_ATTN_WIDE_MIN_LEN=1000000000 one decode_graphs bf16
 # grid is one wave).
 SPECDEC_ATTN_EARLY_VALUES=0 one decode_graphs f32
 SPECDEC_ATTN_EARLY_VALUES=0 one decode_graphs bf16
-# Verification blocks whose split-attention blocks take four query rows at every reach (the
-# default: from 2,048 keys): each row bitwise the row alone, blocks against single steps,
-# recorded against ordinary steps, over caches and rings.
-SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN=0 one attention_kernels f32
-SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN=0 one decode_paths f32
-SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN=0 one decode_graphs f32
-SPECDEC_ATTN_BLOCK_ROWS_MIN_LEN=0 one decode_graphs bf16
 # Sliding-window layers on the masked product over the ring, without graph steps (the default
 # attends over rings in place and records their steps).
 SPECDEC_RING_IN_PLACE=0 one decode_graphs f32

@@ -366,8 +366,8 @@ fn rings() -> Vec<Ring> {
         // Blocks of four rows and one (t = 9), the run ending in the ring's short last split
         // (300 slots: splits of 256 and 44).
         ring(4, 2, 64, 9, 300, 292, 2_110, 0),
-        // A ring whose window reaches the key kernels group heads at and blocks take four rows
-        // at by default (Mistral's 4,096): group 4, the run wrapping mid-split.
+        // A ring whose window reaches the keys from which the kernel groups query heads
+        // (Mistral's 4,096): group 4, the run wrapping mid-split.
         ring(8, 2, 128, 5, 4_104, 4_096, 9_000, 0),
         ring(8, 2, 128, 7, 4_104, 4_096, 12_400, 0),
         // Gemma 3's head width (d = 256) and local window, group 2.
@@ -405,8 +405,8 @@ fn ring_seen(r: Ring, i: usize) -> Vec<usize> {
 
 /// Attention over a ring read in place (the rows of a verification over a rotating cache):
 /// the block against the formula, and each row against the row attended alone (bitwise on
-/// CUDA, where the split kernel takes the ring as it lies and a block's rows share a
-/// block's K/V reads; elsewhere within f32 rounding).
+/// CUDA, where the split kernel takes the ring as it lies and a row's sums depend on its
+/// position and the ring only; elsewhere within f32 rounding).
 #[test]
 fn ring_rows_match_the_formula_and_each_row_alone() {
     engine_from_env();

@@ -71,9 +71,6 @@ pub struct EngineOptions {
     pub attn_rows_heads: usize,
     /// Keys from which the split attention runs eight warps a block (default 0: always).
     pub attn_wide_min_len: usize,
-    /// Keys a step may reach from which a block of the split attention takes four query rows
-    /// of a verification at once, reading each K/V row once for them (default 2,048).
-    pub attn_block_rows_min_len: usize,
     /// Sliding-window layers attend over their ring where it lies (the split kernel, the
     /// window applied from positions) and slack-strategy rings take part in recorded graph
     /// steps (default on; off: a masked product over the ring, and no graph steps for models
@@ -111,7 +108,6 @@ const DEFAULTS: EngineOptions = EngineOptions {
     attn_grouped_rows_min_len: 512,
     attn_rows_heads: 2,
     attn_wide_min_len: 0,
-    attn_block_rows_min_len: 2048,
     ring_in_place: true,
     gelu_gate: true,
     qk_norm_fold: true,

@@ -55,25 +55,6 @@ const GROUPED_HEADS: usize = 4;
 /// slower (docs/kernel-notes.md, "Split attention: grouped heads").
 const GROUPED_MIN_LEN: usize = 4096;
 
-/// Query rows a block of the split kernel takes for a verification over a reach of at least
-/// `attn_block_rows_min_len` keys (`RB` in attn_split.cu, the `_r4` kernels; eight warps a
-/// block): the rows share each K/V row the block loads, where one block a row would read the
-/// window once per row.
-const BLOCK_ROWS: usize = 4;
-
-/// Query heads a block of [`BLOCK_ROWS`] rows groups for a kv head's `group` of query heads
-/// `d` wide: up to four (sixteen query vectors a block), two at `d = 256` (the staged
-/// vectors and partial sums fit the static shared memory; attn_split.cu builds no four-head
-/// kernel there).
-fn block_rows_heads(group: usize, d: usize) -> usize {
-    match group {
-        1 => 1,
-        2 => 2,
-        _ if d > 128 => 2,
-        _ => 4,
-    }
-}
-
 /// Most query rows times heads of one split attention (`ATTN_COUNTERS` in attn_split.cu: the
 /// kernel's per-(row, head) count of finished splits).
 const ATTN_COUNTERS: usize = 8192;
@@ -377,21 +358,9 @@ impl SplitAttention {
         // SAFETY: the last split block of each (row, head) writes its d outputs.
         let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
 
-        // Several rows a block for a verification over long caches (never beside the
-        // cluster combine or the early values: those kernels take one row a block).
-        let rows = if t > 1 && !cluster && warps == WIDE_WARPS && reach >= o.attn_block_rows_min_len
-        {
-            BLOCK_ROWS
-        } else {
-            1
-        };
-        let hb = if rows > 1 {
-            block_rows_heads(group, d)
-        } else {
-            heads_per_block(&o, group, t, reach, warps)
-        };
+        let hb = heads_per_block(&o, group, t, reach, warps);
         let grid = (
-            (t.div_ceil(rows) * group.div_ceil(hb)) as u32,
+            (t * group.div_ceil(hb)) as u32,
             kv_heads as u32,
             live.min(SPLIT_BLOCKS) as u32,
         );
@@ -401,7 +370,6 @@ impl SplitAttention {
         // several waves it was slower). The same arithmetic either way.
         let blocks = (grid.0 * grid.1 * grid.2) as usize;
         let hv = if !fused.is_empty()
-            && rows == 1
             && warps == WIDE_WARPS
             && d <= 64
             && o.attn_early_values
@@ -414,12 +382,7 @@ impl SplitAttention {
         let mut l = Launch::new(
             dev,
             &format!(
-                "attn_split_{name}_d{d}_h{hb}{wide}{}{}{fused}{hv}{}",
-                if rows > 1 {
-                    format!("_r{rows}")
-                } else {
-                    String::new()
-                },
+                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}",
                 if self.ring.is_some() { "_ring" } else { "" },
                 if cluster { "_cl" } else { "" }
             ),

@@ -141,30 +141,30 @@ __device__ void attn_combine_cluster(const float *cm, const float *cl, const flo
   }
 }
 
-// Split-K attention of query rows over a cache ("flash decoding").
+// Split-K attention of single query rows over a cache ("flash decoding").
 //
-// Grid: x = ceil(t / RB) * ceil(group / HB) (the block takes query rows RB * (x / that) ...,
-// at most RB of them, and heads HB * (x % that) ... of the kv head's group, at most HB of
-// them), y = kv head,
+// Grid: x = t * ceil(group / HB) (query row i = x / that; the block takes heads
+// HB * (x % that) ... of the kv head's group, at most HB of them), y = kv head,
 // z: blocks sharing the `splits` splits (z takes splits z, z + gridDim.z, ...). Block: W
 // warps (8 by default: twice the loads in flight and half the chain of tiles of 4; the
 // choice follows the cache's capacity, never the row count). Split s covers key indices
 // [s * split_len, (s+1) * split_len) in tiles of 32 keys,
 // one tile per warp at a time: lane l loads key tile + l once and scores it against each of
-// the block's query vectors (row, head), the warp takes the tile's softmax terms with
-// shuffles, then every lane loads its E dimensions of each of the tile's value rows once and
-// accumulates them for every vector (coalesced). Grouped query heads and the rows of a
-// verification block (RB > 1, the `_r4` kernels) thus read their K/V once per block, not
-// once per head and row. The keys are `len` consecutive positions and the t queries are the newest t of
+// the block's query heads, the warp takes the tile's softmax terms with shuffles, then every
+// lane loads its E dimensions of each of the tile's value rows once and accumulates them for
+// every head (coalesced). Grouped query heads thus read their K/V once per block, not once
+// per head. The keys are `len` consecutive positions and the t queries are the newest t of
+// them: query i sits at key index len - t + i and sees key j iff j <= len - t + i and, with
+// a sliding `window` > 0, j > len - t + i - window. `len` is read from `len_ptr` when it is
+// not null (a captured graph replays with the length of the step), else it is `len_arg`.
+//
 // Writes per (row, head, split): max score m, sum of exp(score - m) l, and the unnormalised
 // output acc[d] = sum exp(score - m) v, at part[((i * heads + h) * splits + s) * (d + 2)];
-// the last split block of a (row block, head block) to finish combines them into y[i, h * d ...]
+// the last split block of a (row, head block) to finish combines them into y[i, h * d ...]
 // ([t, heads * d]). Splits without a visible key write nothing; a query whose visible keys
 // all sit in one split writes y directly (what the combine makes of one split: its weight
 // is exp(0) = 1). A head's result depends on its own row, keys and the split boundaries
-// only: never on t, the group or the other heads and rows of its block (a row skips the
-// tiles it does not see; in a block of several rows it takes them with probability 0, which
-// leaves its sums exactly as they were).
+// only: never on t, the group or the other heads of its block.
 // HB = 1 (one block per query head: the shortest chain of dependent loads, for short caches)
 // or 4 (long caches: K/V read once for four heads).
 // CL (the `_cl` kernels, compute capability 9.0+): gridDim.z = the splits any query of the
@@ -197,75 +197,42 @@ template <typename T> struct FusedRope {
   float q_eps, k_eps;
 };
 
-// The keys a query sees, as runs of splits: positions vis ... last lie in the splits
-// [first, end) (a ring's counted on past the last split, each split once — the one holding
-// both ends of a wrapped run too); over a ring they are the vn slots from vslot on, wrapping
-// past the last slot; elsewhere key j is position j (vslot = vis).
-struct KeySpan {
-  int qpos, vslot, vn, first, end;
-};
-
-template <bool RING>
-__device__ __forceinline__ KeySpan key_span(int vis, int last, int ring, int split_len,
-                                            int splits) {
-  KeySpan s;
-  s.qpos = last;
-  s.vn = last + 1 - vis;
-  if (RING) {
-    s.vslot = vis % ring;
-    s.first = s.vslot / split_len;
-    s.end = min(s.vslot + s.vn <= ring ? (s.vslot + s.vn - 1) / split_len + 1
-                                       : splits + (s.vslot + s.vn - 1 - ring) / split_len + 1,
-                s.first + splits);
-  } else {
-    s.vslot = vis;
-    s.first = vis / split_len;
-    s.end = min(last / split_len + 1, splits);
-  }
-  return s;
-}
-
 template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false,
-          bool RING = false, int RB = 1>
+          bool RING = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
                            float softcap, int ring, int ring_lo, const FusedRope<T> rope) {
-  static_assert(RB == 1 || (!HV && !CL), "blocks of several rows combine in global memory");
   constexpr int D = 32 * E;
-  // Query vectors of a block: RB rows times HB heads, vector r * HB + h.
-  constexpr int QV = RB * HB;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int hblocks = (group + HB - 1) / HB;
-  const int row0 = blockIdx.x / hblocks * RB, hb = blockIdx.x % hblocks;
-  const int nr = min(RB, t - row0);
+  const int row = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
   const int h0 = blockIdx.y * group + hb * HB, nh = min(HB, group - hb * HB);
   const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
-  // The oldest position a query at qpos sees (RING, the `_ring` kernels: k and v are a ring of
-  // `ring` slots, position p in slot p % ring, its oldest intact position ring_lo; a template
-  // parameter, so that the other kernels carry none of it).
-  const auto vis_of = [&](int qpos) {
-    return RING ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0)
-                : window > 0 ? max(0, qpos + 1 - window) : 0;
-  };
-  // Row r of the block (r < nr) is query row0 + r at position len - t + row0 + r.
-  KeySpan rs[RB];
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    const int qp = len - t + row0 + min(r, nr - 1);
-    rs[r] = key_span<RING>(vis_of(qp), qp, ring, split_len, splits);
-  }
-  const int qpos0 = len - t + row0, qposl = qpos0 + nr - 1;
-  // The splits holding a key some row of the block sees: [first_split, end_split) (the
-  // block's rows are consecutive positions, so their keys are one run). This block takes
+  const int qpos = len - t + row;
+  // The splits holding a key this query sees: [first_split, end_split). This block takes
   // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
   // (a graph's splits span the cache's capacity) leaves at once.
-  const KeySpan all = RB == 1 ? rs[0] : key_span<RING>(vis_of(qpos0), qposl, ring, split_len, splits);
-  const int first_split = all.first, end_split = all.end;
+  //
+  // RING (the `_ring` kernels: k and v are a ring of `ring` slots, position p in slot
+  // p % ring; a template parameter, so that the other kernels carry none of it): the
+  // query sees positions [vis, qpos], vis = max(qpos + 1 - window, ring_lo, 0), which lie in
+  // the slots from vslot = vis % ring on, vn of them, wrapping past the last slot. Splits are
+  // runs of slots; [first_split, end_split) counts on past the last split (split s is then
+  // s - splits) and covers each split once (the one holding both ends of a wrapped run too).
+  const int vis = RING ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
+  const int vslot = RING ? vis % ring : 0, vn = qpos + 1 - vis;
+  const int first_split =
+      RING ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+  const int end_split =
+      RING ? min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
+                                        : splits + (vslot + vn - 1 - ring) / split_len + 1,
+                     first_split + splits)
+               : min(qpos / split_len + 1, splits);
   const int z = blockIdx.z, zs = gridDim.z;
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   // CL: the row's splits are one cluster's blocks (gridDim.z = splits ≤ CL_MAX, one split a
@@ -309,22 +276,22 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   constexpr int HALF = D / 2;
   // First of the step's new positions (with fused RoPE: not in the cache until written here).
   const int fresh = ROPE ? len - t : len;
-  __shared__ float sq[QV][D];
+  __shared__ float sq[HB][D];
   // The query rows into shared memory (rotated with RoPE fused) and, with RoPE fused, the new
-  // positions the block's rows see in this block's splits into the cache, in one loop: both
+  // positions this query sees in this block's splits into the cache, in one loop: both
   // rounds of loads in flight together, one barrier for both. The new positions are the
   // last t ≤ 32 < split_len, so they lie in at most two splits.
-  const int writes = ROPE ? (qposl + 1 - fresh) * HALF : 0;
-  // The q/k norms' row scales: query vector i's in qscale[i], new key row n's in kscale[n]
-  // (rows fresh ... qposl, at most t ≤ 32), one warp a row.
-  __shared__ float qscale[QV], kscale[32];
+  const int writes = ROPE ? (qpos + 1 - fresh) * HALF : 0;
+  // The q/k norms' row scales: query head h's in qscale[h], new key row n's in kscale[n]
+  // (rows fresh ... qpos, at most t ≤ 32), one warp a row.
+  __shared__ float qscale[HB], kscale[32];
   const bool qk_norm = ROPE && rope.qn != nullptr;
   if (qk_norm) {
-    for (int item = warp; item < QV + writes / HALF; item += W) {
-      const bool is_q = item < QV;
-      if (is_q && (item % HB >= nh || item / HB >= nr)) continue;
-      const T *xr = is_q ? q + (h0 + item % HB) * q_head_stride + (row0 + item / HB) * q_row_stride
-                         : rope.k_new + (item - QV) * rope.k_row + (long)blockIdx.y * D;
+    for (int item = warp; item < HB + writes / HALF; item += W) {
+      const bool is_q = item < HB;
+      if (is_q && item >= nh) continue;
+      const T *xr = is_q ? q + (h0 + item) * q_head_stride + row * q_row_stride
+                         : rope.k_new + (item - HB) * rope.k_row + (long)blockIdx.y * D;
       float ss = 0.f;
       for (int e = lane; e < D; e += 32) {
         const float f = to_f32(xr[e]);
@@ -335,7 +302,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         if (is_q)
           qscale[item] = rsqrtf(ss / D + rope.q_eps);
         else
-          kscale[item - QV] = rsqrtf(ss / D + rope.k_eps);
+          kscale[item - HB] = rsqrtf(ss / D + rope.k_eps);
       }
     }
     __syncthreads();
@@ -344,33 +311,31 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const auto normed = [&](float x, float scale, const T *w, int f) {
     return to_f32(from_f32<T>(x * scale * to_f32(w[f])));
   };
-  for (int i = threadIdx.x; i < max(QV * D, writes); i += blockDim.x) {
-    const int qv = i / D, e = i % D;
-    if (qv < QV) {
-      const int r = qv / HB, h = qv % HB, qpos = qpos0 + r;
-      const T *qr = q + (h0 + h) * q_head_stride + (row0 + r) * q_row_stride;
+  for (int i = threadIdx.x; i < max(HB * D, writes); i += blockDim.x) {
+    const int h = i / D, e = i % D;
+    if (h < HB) {
+      const T *qr = q + (h0 + h) * q_head_stride + row * q_row_stride;
       float x = 0.f;
-      if (ROPE && h < nh && r < nr) {
+      if (ROPE && h < nh) {
         const int f = e % HALF;
         const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
         const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
         float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
         if (qk_norm) {
-          x1 = normed(x1, qscale[qv], rope.qn, f);
-          x2 = normed(x2, qscale[qv], rope.qn, f + HALF);
+          x1 = normed(x1, qscale[h], rope.qn, f);
+          x2 = normed(x2, qscale[h], rope.qn, f + HALF);
         }
         x = to_f32(from_f32<T>(e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c));
-      } else if (h < nh && r < nr) {
+      } else if (h < nh) {
         x = to_f32(qr[e]);
       }
-      sq[qv][e] = x;
+      sq[h][e] = x;
     }
     const int p = fresh + i / HALF, f = i % HALF;
     const int slot = RING ? p % ring : p, ps = slot / split_len;
     // The split's place in [first_split, end_split) (a ring's count on past the last).
     const int split = RING && ps < first_split ? ps + splits : ps;
-    // Seen by some row of the block (each sees the window up to its own position).
-    const bool visible = window <= 0 || p > qpos0 - window;
+    const bool visible = window <= 0 || p > qpos - window;
     if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
       const int n = p - fresh;
       const float c = to_f32(rope.cos[(long)p * HALF + f]);
@@ -393,41 +358,31 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   __syncthreads();
   const T *kb = k + blockIdx.y * kv_head_stride;
   const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
-  // One row's heads at a time (the warps' partial results of a split).
   __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
   // CL: this block's split result, read by the combining block of the cluster.
   __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
   int mine = 0;  // splits this block wrote
   for (int vs = start; vs < end_split; vs += zs, ++mine) {
     const int split = RING && vs >= splits ? vs - splits : vs;
-    // Keys [split * split_len, hi) of the split some row may see; row r sees key j among
-    // them iff j lies in its run (a ring's visible slots; elsewhere positions vis ... qpos).
-    const int hi =
-        RING ? min(ring, (split + 1) * split_len) : min(qposl + 1, (split + 1) * split_len);
-    float m[RB][HB], l[RB][HB], acc[RB][HB][E];
+    // Keys [lo, hi) of the split; a ring's are the visible slots among them.
+    const int hi = RING ? min(ring, (split + 1) * split_len) : min(qpos + 1, (split + 1) * split_len);
+    int lo = split * split_len;
+    if (window > 0 && !RING) lo = max(lo, qpos + 1 - window);
+    float m[HB], l[HB], acc[HB][E];
 #pragma unroll
-    for (int r = 0; r < RB; ++r)
+    for (int h = 0; h < HB; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.f;
 #pragma unroll
-      for (int h = 0; h < HB; ++h) {
-        m[r][h] = -INFINITY;
-        l[r][h] = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[r][h][e] = 0.f;
-      }
+      for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+    }
     for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
-      bool seen[RB], live = false;
-#pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        seen[r] = r < nr && j < hi &&
-                  (RING ? (j - rs[r].vslot + ring) % ring < rs[r].vn
-                        : j >= rs[r].vslot && j <= rs[r].qpos);
-        live = live || seen[r];
-      }
+      const bool live =
+          j >= lo && j < hi && (!RING || (j - vslot + ring) % ring < vn);
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
       // Value rows in batches of VB independent loads, each batch one round trip to memory
-      // (rows past `hi` are not read; rows a query does not see are cache rows with
-      // probability 0 for it).
+      // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
       // HV (the `_hv` kernels): the first batch does not depend on the scores, so it loads
       // beside the keys, in their round trip, kept as stored until the scores are known: one
       // round trip fewer a tile, the same values summed in the same order, but 32 more
@@ -442,18 +397,14 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
             v0[u] = ROPE ? load_raw_cg<T, E>(vb + (long)(tile + u) * D)
                          : *reinterpret_cast<const Vec<T, E> *>(vb + (long)(tile + u) * D);
       }
-      float sc[RB][HB];
+      float sc[HB];
 #pragma unroll
-      for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int h = 0; h < HB; ++h) sc[r][h] = -INFINITY;
+      for (int h = 0; h < HB; ++h) sc[h] = -INFINITY;
       if (live) {
         const T *kr = kb + (long)j * D;
-        float dot[RB][HB];
+        float dot[HB];
 #pragma unroll
-        for (int r = 0; r < RB; ++r)
-#pragma unroll
-          for (int h = 0; h < HB; ++h) dot[r][h] = 0.f;
+        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
 #pragma unroll
         for (int c = 0; c < D; c += V16) {
           float kv_[V16];
@@ -464,41 +415,29 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
           else
             load_vec<T, V16>(kr + c, kv_);
 #pragma unroll
-          for (int r = 0; r < RB; ++r)
-            if (r < nr)  // the last row block of a launch may hold fewer rows
-#pragma unroll
-              for (int h = 0; h < HB; ++h)
-#pragma unroll
-                for (int e = 0; e < V16; ++e) dot[r][h] += sq[r * HB + h][c + e] * kv_[e];
-        }
-#pragma unroll
-        for (int r = 0; r < RB; ++r)
-#pragma unroll
           for (int h = 0; h < HB; ++h)
-            if (seen[r])
-              sc[r][h] = softcap > 0.f ? tanhf(dot[r][h] / softcap) * softcap : dot[r][h];
-      }
-      // A row that sees none of the tile keeps its state exactly (corr = 1, p = 0): its sums
-      // are those of a block of that row alone, which skips the tile.
-      float p[RB][HB];
 #pragma unroll
-      for (int r = 0; r < RB; ++r)
-#pragma unroll
-        for (int h = 0; h < HB; ++h) {
-          p[r][h] = 0.f;
-          if (r >= nr) continue;
-          float tile_max = sc[r][h];
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1)
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-          const float m_new = fmaxf(m[r][h], tile_max);
-          const float corr = RB > 1 && m_new == -INFINITY ? 1.f : __expf(m[r][h] - m_new);
-          p[r][h] = seen[r] ? __expf(sc[r][h] - m_new) : 0.f;
-          l[r][h] = l[r][h] * corr + warp_sum(p[r][h]);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[r][h][e] *= corr;
-          m[r][h] = m_new;
+            for (int e = 0; e < V16; ++e) dot[h] += sq[h][c + e] * kv_[e];
         }
+#pragma unroll
+        for (int h = 0; h < HB; ++h)
+          sc[h] = softcap > 0.f ? tanhf(dot[h] / softcap) * softcap : dot[h];
+      }
+      float p[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) {
+        float tile_max = sc[h];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+        const float m_new = fmaxf(m[h], tile_max);
+        const float corr = __expf(m[h] - m_new);
+        p[h] = live ? __expf(sc[h] - m_new) : 0.f;
+        l[h] = l[h] * corr + warp_sum(p[h]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] *= corr;
+        m[h] = m_new;
+      }
       for (int base = 0; base < n; base += VB) {
         float vv[VB][E];
 #pragma unroll
@@ -519,78 +458,59 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int u = 0; u < VB; ++u)
 #pragma unroll
-          for (int r = 0; r < RB; ++r)
-            if (r < nr)
+          for (int h = 0; h < HB; ++h) {
+            const float pj = __shfl_sync(0xffffffffu, p[h], base + u);
 #pragma unroll
-              for (int h = 0; h < HB; ++h) {
-                const float pj = __shfl_sync(0xffffffffu, p[r][h], base + u);
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[r][h][e] += pj * vv[u][e];
-              }
+            for (int e = 0; e < E; ++e) acc[h][e] += pj * vv[u][e];
+          }
       }
     }
 
-    // Combine the warps, row by row and head by head. A row writes its output directly
-    // where it sees one split only (what the combine makes of one split: its weight is
-    // exp(0) = 1), else its partial row for this split, if it sees the split.
-    const bool one = end_split - first_split == 1;
+    // Combine the warps, head by head.
 #pragma unroll
-    for (int r = 0; r < RB; ++r) {
-      if (r >= nr) break;
-      bool sees = true, only = one;
-      if (RB > 1) {
-        const KeySpan &s = rs[r];
-        only = s.end - s.first == 1;
-        const int a = split * split_len, b = min(RING ? ring : 1 << 30, a + split_len);
-        sees = RING ? (a - s.vslot + ring) % ring < s.vn || (s.vslot >= a && s.vslot < b)
-                    : split >= s.first && split < s.end;
-        if (r > 0) __syncthreads();  // the row before has read sm, sl, sacc
+    for (int h = 0; h < HB; ++h) {
+      if (lane == 0) {
+        sm[warp][h] = m[h];
+        sl[warp][h] = l[h];
       }
 #pragma unroll
-      for (int h = 0; h < HB; ++h) {
-        if (lane == 0) {
-          sm[warp][h] = m[r][h];
-          sl[warp][h] = l[r][h];
-        }
+      for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[h][e];
+    }
+    __syncthreads();
+    const bool only = end_split - first_split == 1;
+    for (int h = 0; h < nh; ++h) {
+      float M = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[r][h][e];
-      }
-      __syncthreads();
-      if (!sees) continue;
-      for (int h = 0; h < nh; ++h) {
-        float M = -INFINITY;
+      for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][h]);
+      float L = 0.f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][h]);
-        float L = 0.f;
+      for (int w = 0; w < W; ++w)
+        if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
+      const int rh = row * heads + h0 + h;
+      float *out = CL ? nullptr : part + ((long)rh * splits + split) * (D + 2);
+      for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float a = 0.f;
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
-        const int rh = (row0 + r) * heads + h0 + h;
-        float *out = CL ? nullptr : part + ((long)rh * splits + split) * (D + 2);
-        for (int e = threadIdx.x; e < D; e += blockDim.x) {
-          float a = 0.f;
-#pragma unroll
-          for (int w = 0; w < W; ++w)
-            if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
-          if (only)
-            y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
-          else if (CL)
-            cacc[CL ? h : 0][CL ? e : 0] = a;
-          else
-            out[2 + e] = a;
-        }
-        if (!only && threadIdx.x == 0) {
-          if (CL) {
-            cm[CL ? h : 0] = M;
-            cl[CL ? h : 0] = L;
-          } else {
-            out[0] = M;
-            out[1] = L;
-          }
+          if (sm[w][h] > -INFINITY) a += sacc[w][h][e] * __expf(sm[w][h] - M);
+        if (only)
+          y[(long)rh * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
+        else if (CL)
+          cacc[CL ? h : 0][CL ? e : 0] = a;
+        else
+          out[2 + e] = a;
+      }
+      if (!only && threadIdx.x == 0) {
+        if (CL) {
+          cm[CL ? h : 0] = M;
+          cl[CL ? h : 0] = L;
+        } else {
+          out[0] = M;
+          out[1] = L;
         }
       }
     }
-    if (one) return;
+    if (only) return;
     __syncthreads();  // sm, sl, sacc are the next split's
   }
   if constexpr (CL) {
@@ -598,47 +518,38 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     if ((int)blockIdx.z == first_split)
       attn_combine_cluster<T, D, HB, W>(&cm[0], &cl[0], &cacc[0][0], nh, first_split,
                                         end_split - first_split,
-                                        y + (long)(row0 * heads + h0) * D);
+                                        y + (long)(row * heads + h0) * D);
     cluster_sync();  // the peers' shared memory lives until the combining block has read it
     return;
   }
-  // The last of the (row block, head block)'s live splits to finish combines each row of
-  // several splits (its count is reset for the next launch; no other block of this launch
-  // touches it again).
+  // The last of the (row, head block)'s live splits to finish combines them all (its count
+  // is reset for the next launch; no other block of this launch touches it again).
   __shared__ bool last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned int *done = &attn_done[row0 * heads + h0];
+    unsigned int *done = &attn_done[row * heads + h0];
     last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_split - first_split);
     if (last) *done = 0u;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    if (r >= nr) break;
-    if (r > 0) __syncthreads();  // the row before's combine has read its shared weights
-    const KeySpan &s = rs[r];
-    if (RB > 1 && s.end - s.first == 1) continue;  // written directly
-    const int rh = (row0 + r) * heads + h0;
-    attn_combine<T, D, HB, W, RING>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2),
-                                    nh, s.first, s.end - s.first, splits, y + (long)rh * D);
-  }
+  const int rh = row * heads + h0;
+  attn_combine<T, D, HB, W, RING>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2), nh,
+                            first_split, end_split - first_split, splits, y + (long)rh * D);
 }
 
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
 // prologue also prefetches [pf0, pf0 + pf0_n) and [pf1, pf1 + pf1_n) into the L2
 // (`prefetch_l2`; lengths 0 for none).
-#define ATTN_SPLIT1(NAME, T, E, HB, W, RING, RB)                                                \
+#define ATTN_SPLIT1(NAME, T, E, HB, W, RING)                                                    \
   extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
            float softcap, int ring, int ring_lo) {                                             \
-    attn_split<T, E, HB, W, false, false, false, RING, RB>(q, k, v, part, y, len_ptr, len_arg,  \
-                                                           t,                                 \
+    attn_split<T, E, HB, W, false, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t, \
                                                        heads, group,                          \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
                                 splits, window, softcap, ring, ring_lo, FusedRope<T>{});      \
@@ -653,8 +564,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n, const T *qn,      \
                   const T *kn, float q_eps, float k_eps) {                                     \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, W, true, false, false, RING, RB>(q, k, v, part, y, len_ptr, len_arg,   \
-                                                          t,                                  \
+    attn_split<T, E, HB, W, true, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t,  \
                                                       heads, group,                           \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap, ring, ring_lo,                        \
@@ -663,28 +573,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   }
 // `_ring` after the head and warp counts: the same over a ring (RING).
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
-  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4, false, 1) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4, false, 1)      \
-  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8, false, 1)                                              \
-  ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8, false, 1)                                              \
-  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8, false, 1)                                              \
-  ATTN_SPLIT1(NAME##_h1_ring, T, E, 1, 4, true, 1)                                             \
-  ATTN_SPLIT1(NAME##_h4_ring, T, E, 4, 4, true, 1)                                             \
-  ATTN_SPLIT1(NAME##_h1_w8_ring, T, E, 1, 8, true, 1)                                          \
-  ATTN_SPLIT1(NAME##_h4_w8_ring, T, E, 4, 8, true, 1)                                          \
-  ATTN_SPLIT1(NAME##_h2_w8_ring, T, E, 2, 8, true, 1)
-// `_r4` after the warp count: four query rows a block (RB; eight warps only) of one or two
-// heads ...
-#define ATTN_SPLIT_ROWS2(NAME, T, E)                                                           \
-  ATTN_SPLIT1(NAME##_h1_w8_r4, T, E, 1, 8, false, 4)                                           \
-  ATTN_SPLIT1(NAME##_h2_w8_r4, T, E, 2, 8, false, 4)                                           \
-  ATTN_SPLIT1(NAME##_h1_w8_r4_ring, T, E, 1, 8, true, 4)                                       \
-  ATTN_SPLIT1(NAME##_h2_w8_r4_ring, T, E, 2, 8, true, 4)
-// ... or four (d <= 128: at d = 256 sixteen staged query vectors and four heads' partial sums
-// of eight warps would pass the 48 KB of static shared memory).
-#define ATTN_SPLIT_ROWS(NAME, T, E)                                                            \
-  ATTN_SPLIT_ROWS2(NAME, T, E)                                                                 \
-  ATTN_SPLIT1(NAME##_h4_w8_r4, T, E, 4, 8, false, 4)                                           \
-  ATTN_SPLIT1(NAME##_h4_w8_r4_ring, T, E, 4, 8, true, 4)
+  ATTN_SPLIT1(NAME##_h1, T, E, 1, 4, false) ATTN_SPLIT1(NAME##_h4, T, E, 4, 4, false)            \
+  ATTN_SPLIT1(NAME##_h1_w8, T, E, 1, 8, false) ATTN_SPLIT1(NAME##_h4_w8, T, E, 4, 8, false)      \
+  ATTN_SPLIT1(NAME##_h2_w8, T, E, 2, 8, false)                                                 \
+  ATTN_SPLIT1(NAME##_h1_ring, T, E, 1, 4, true) ATTN_SPLIT1(NAME##_h4_ring, T, E, 4, 4, true)    \
+  ATTN_SPLIT1(NAME##_h1_w8_ring, T, E, 1, 8, true)                                             \
+  ATTN_SPLIT1(NAME##_h4_w8_ring, T, E, 4, 8, true)                                             \
+  ATTN_SPLIT1(NAME##_h2_w8_ring, T, E, 2, 8, true)
 
 // The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
 // in a cluster); see attn_split.
@@ -750,15 +645,3 @@ ATTN_SPLIT_CL(attn_split_f16_d32, __half, 1)
 ATTN_SPLIT_CL(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT_CL(attn_split_f16_d128, __half, 4)
 ATTN_SPLIT_CL(attn_split_f16_d256, __half, 8)
-ATTN_SPLIT_ROWS(attn_split_f32_d32, float, 1)
-ATTN_SPLIT_ROWS(attn_split_f32_d64, float, 2)
-ATTN_SPLIT_ROWS(attn_split_f32_d128, float, 4)
-ATTN_SPLIT_ROWS2(attn_split_f32_d256, float, 8)
-ATTN_SPLIT_ROWS(attn_split_bf16_d32, __nv_bfloat16, 1)
-ATTN_SPLIT_ROWS(attn_split_bf16_d64, __nv_bfloat16, 2)
-ATTN_SPLIT_ROWS(attn_split_bf16_d128, __nv_bfloat16, 4)
-ATTN_SPLIT_ROWS2(attn_split_bf16_d256, __nv_bfloat16, 8)
-ATTN_SPLIT_ROWS(attn_split_f16_d32, __half, 1)
-ATTN_SPLIT_ROWS(attn_split_f16_d64, __half, 2)
-ATTN_SPLIT_ROWS(attn_split_f16_d128, __half, 4)
-ATTN_SPLIT_ROWS2(attn_split_f16_d256, __half, 8)
