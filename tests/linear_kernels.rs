@@ -260,7 +260,7 @@ fn folded_products_match_the_formulas_and_each_row_alone() {
             let folded = dev.is_cuda() && dtype != DType::F32;
             let fold = specdec::nn::Folded::Norm(norm.weight(), norm.eps());
             assert_eq!(
-                specdec::nn::folded_gemv(&x, &w, fold, None)
+                specdec::nn::folded_gemv(&x, &w, fold, None, None)
                     .unwrap()
                     .is_some(),
                 folded,
@@ -306,6 +306,49 @@ fn folded_products_match_the_formulas_and_each_row_alone() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A biased product after a pre-norm (Qwen2's q/k/v: `Linear::forward_prenorm` with a bias;
+/// on CUDA in half precision the bias rides in the folded GEMV's epilogue) equals the product
+/// without the bias followed by candle's add of the bias, bit for bit, at every row count.
+#[test]
+fn a_folded_product_adds_its_bias_as_a_separate_add_would() {
+    let dev = device::device();
+    for (out, inp) in [(256, 256), (96, 160)] {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let w = Tensor::from_vec(values(out * inp, 31, 1.0), (out, inp), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let b = Tensor::from_vec(values(out, 32, 2.0), out, &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let (x, norm) = stream_and_norm(&dev, dtype, inp);
+            let biased = Linear::new(w.clone(), Some(b.clone()));
+            let plain = Linear::new(w, None);
+            for rows in [1, 2, 5, 16] {
+                let xs = x.narrow(0, 0, rows).unwrap();
+                let got = host(&biased.forward_prenorm(&xs, &norm).unwrap());
+                let want = host(
+                    &plain
+                        .forward_prenorm(&xs, &norm)
+                        .unwrap()
+                        .broadcast_add(&b)
+                        .unwrap(),
+                );
+                assert!(
+                    got == want,
+                    "{dtype:?} [{out}, {inp}] rows {rows}: the biased product differs from the product plus the bias"
+                );
+                let bias_changes_it = got
+                    .iter()
+                    .zip(host(&plain.forward_prenorm(&xs, &norm).unwrap()))
+                    .any(|(a, b)| *a != b);
+                assert!(bias_changes_it, "{dtype:?}: the bias was not added");
             }
         }
     }
@@ -395,7 +438,7 @@ fn sandwich_parts_match_the_formulas_and_each_row_alone() {
                     _ => specdec::nn::Gate::Silu,
                 };
                 let fold = specdec::nn::Folded::Norm(norm.weight(), norm.eps());
-                let taken = specdec::nn::folded_gemv(&x, &w, fold, Some(gate)).unwrap();
+                let taken = specdec::nn::folded_gemv(&x, &w, fold, Some(gate), None).unwrap();
                 assert!(
                     taken.is_some(),
                     "{act:?} {dtype:?}: the folded gated kernel was not taken"

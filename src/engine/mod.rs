@@ -56,6 +56,9 @@ pub struct EngineOptions {
     pub gemv_loads: usize,
     /// The gated MLP's SiLU is fused into the gate/up GEMV (default on).
     pub silu_gate: bool,
+    /// A folded product's bias (Qwen2's q/k/v) is added in the GEMV's epilogue (default on;
+    /// off: candle's add after it). The same values either way.
+    pub bias_fold: bool,
     /// Most warps per block of the tensor-core GEMV: 8, 16 (default) or 32.
     pub gemv_max_warps: usize,
     /// The split attention combines a row's 2–8 splits in one thread block cluster on
@@ -101,6 +104,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     gemv_fold: true,
     gemv_loads: 0,
     silu_gate: true,
+    bias_fold: true,
     gemv_max_warps: 16,
     attn_cluster: true,
     attn_early_values: true,

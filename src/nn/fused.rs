@@ -183,31 +183,43 @@ pub enum Folded<'a> {
 /// the engine option `gelu_gate`): no norm or add kernel runs
 /// between a step's products. The norm's row scale `rsqrt(mean(x²) + eps)` multiplies the
 /// sums instead of the inputs, so the result is the unfused path's up to one rounding (not
-/// bitwise), the same for a row at any row count. `None` off CUDA, for shapes the kernel does
-/// not take, or with the engine option `gemv_fold` off.
+/// bitwise), the same for a row at any row count. A `bias` `[out]` is added to the rounded
+/// product as a separate add would add it (in the GEMV's epilogue where it fits: no gate).
+/// `None` off CUDA, for shapes the kernel does not take, or with the engine option
+/// `gemv_fold` off.
 pub fn folded_gemv(
     x: &Tensor,
     w: &Tensor,
     fold: Folded,
     gate: Option<Gate>,
+    bias: Option<&Tensor>,
 ) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
-        use super::cuda::{fold_applies, Fold, FoldedGemv};
+        use super::cuda::{bias_fits, fold_applies, Fold, FoldedGemv};
         let (aux, norm, fold) = match fold {
             Folded::Norm(g, eps) => (g, true, Fold::Norm { eps }),
             Folded::Resid(r) => (r, false, Fold::Resid),
         };
         let x = x.contiguous()?;
         if fold_applies(&x, w, aux, gate, norm) {
-            let op = FoldedGemv { gate, fold };
-            return Ok(Some(made(x.apply_op3_no_bwd(w, aux, &op)?)));
+            let inside = bias.filter(|b| bias_fits(b, w, gate));
+            let op = FoldedGemv {
+                gate,
+                fold,
+                bias: inside.cloned(),
+            };
+            let y = made(x.apply_op3_no_bwd(w, aux, &op)?);
+            return Ok(Some(match (bias, inside) {
+                (Some(b), None) => y.broadcast_add(b)?,
+                _ => y,
+            }));
         }
         Ok(None)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (x, w, fold, gate);
+        let _ = (x, w, fold, gate, bias);
         Ok(None)
     }
 }

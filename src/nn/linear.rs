@@ -135,8 +135,8 @@ impl Linear {
             return self.forward(&norm.forward(x)?);
         }
         let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
-        match super::fused::folded_gemv(x, &self.weight, fold, None)? {
-            Some(y) => self.add_bias(y),
+        match super::fused::folded_gemv(x, &self.weight, fold, None, self.bias.as_ref())? {
+            Some(y) => Ok(y),
             None => self.forward(&norm.forward(x)?),
         }
     }
@@ -146,7 +146,7 @@ impl Linear {
     pub fn forward_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {
         if self.bias.is_none() && !self.is_quantized() {
             let fold = super::fused::Folded::Resid(resid);
-            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, None)? {
+            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, None, None)? {
                 return Ok(y);
             }
         }

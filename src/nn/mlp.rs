@@ -134,7 +134,7 @@ impl GatedMlp {
         {
             let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
             let gate = Some(super::fused::Gate::Silu);
-            if let Some(h) = super::fused::folded_gemv(x, w, fold, gate)? {
+            if let Some(h) = super::fused::folded_gemv(x, w, fold, gate, None)? {
                 profile::mark("gate/up projection", &h)?;
                 let out = self.down.forward_add(&h, x)?;
                 profile::mark("down projection", &out)?;
@@ -155,7 +155,7 @@ impl GatedMlp {
             (self.act.gate(), self.gate_up.bias(), self.gate_up.weight())
         {
             let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
-            if let Some(h) = super::fused::folded_gemv(x, w, fold, Some(gate))? {
+            if let Some(h) = super::fused::folded_gemv(x, w, fold, Some(gate), None)? {
                 profile::mark("gate/up projection", &h)?;
                 let out = self.down.forward(&h)?;
                 profile::mark("down projection", &out)?;

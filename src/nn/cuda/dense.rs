@@ -66,6 +66,9 @@ pub enum Fold {
 pub struct FoldedGemv {
     pub gate: Option<Gate>,
     pub fold: Fold,
+    /// `[out]` added to each rounded output as a separate add would add it (Qwen2's q/k/v
+    /// biases; without a gate only: [`bias_fits`]).
+    pub bias: Option<Tensor>,
 }
 
 impl FoldedGemv {
@@ -81,12 +84,27 @@ impl FoldedGemv {
             candle_core::bail!("gemv: the folded input must be contiguous");
         };
         let gemv = Gemv { gate: self.gate };
+        let guard = self.bias.as_ref().map(|b| b.storage_and_layout());
+        let bias = match &guard {
+            Some(g)
+                if self.gate.is_none() && g.1.is_contiguous() && g.1.dims() == [w.1.dims()[0]] =>
+            {
+                Some(super::op::view::<T>(g, "bias")?)
+            }
+            Some(g) => candle_core::bail!(
+                "gemv: a bias {:?} does not fit w {:?} (contiguous [out], no gate)",
+                g.1.dims(),
+                w.1.dims()
+            ),
+            None => None,
+        };
         gemv.launch(
             dev,
             name,
             x,
             w,
             Some((&aux.slice(a0..a1), al.dims(), self.fold)),
+            bias.as_ref(),
         )
     }
 }
@@ -101,6 +119,7 @@ impl Gemv {
         (x, xl): (&CudaSlice<T>, &Layout),
         (w, wl): (&CudaSlice<T>, &Layout),
         fold: Option<(&CudaView<'_, T>, &[usize], Fold)>,
+        bias: Option<&CudaView<'_, T>>,
     ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
         let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
         else {
@@ -194,6 +213,10 @@ impl Gemv {
                 None => l.null(),
             };
             l.val(eps);
+            match bias {
+                Some(b) => l.ptr(b),
+                None => l.null(),
+            };
             // GEMV_NORM stages the norm weight (`in` elements) in shared memory.
             let shared_mem_bytes = if mode == "norm_" {
                 (inp * std::mem::size_of::<T>()) as u32
@@ -207,11 +230,11 @@ impl Gemv {
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written; a folded input
-            // has the length its mode reads (checked above).
+            // has the length its mode reads (checked above), a bias `out` elements.
             unsafe { l.run(cfg) }?;
             return Ok((y, Shape::from((rows, out))));
         }
-        if fold.is_some() {
+        if fold.is_some() || bias.is_some() {
             candle_core::bail!("gemv: a folded product needs the tensor-core path");
         }
         let mut l = Launch::new(dev, &format!("gemv_{name}_r{rows}"))?;
@@ -253,15 +276,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl), None)?;
+                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl), None)?;
+                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl), None)?;
+                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -361,6 +384,17 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, gate: Option<Gate>, no
         gate.is_none() && aux.dims() == [x.dims()[0], w.dims()[0]]
     };
     products && o.gemv_fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
+}
+
+/// True when [`FoldedGemv`] adds `bias` in its epilogue for the product with `w` under
+/// `gate`: the engine option `bias_fold`, no gate, and `bias` a contiguous `[out]` of `w`'s
+/// dtype.
+pub fn bias_fits(bias: &Tensor, w: &Tensor, gate: Option<Gate>) -> bool {
+    crate::engine::get().bias_fold
+        && gate.is_none()
+        && bias.dims() == [w.dims()[0]]
+        && bias.dtype() == w.dtype()
+        && bias.is_contiguous()
 }
 
 /// `act(g) * u` of a fused gate/up product `[t, 2 * inter]` (gate columns first), as

@@ -130,6 +130,8 @@ GEMV_ROWS(__half, f16)
 //   way (docs/kernel-notes.md, "GEMV folds").
 // - GEMV_RESID: y = round(aux + round(w . x)), the residual add after the product, in the
 //   arithmetic of `add_rmsnorm`'s sum (aux: [rows, out], the residual stream).
+// `bias` ([out], or null; not gated): added to each rounded product as a separate add of
+// two 16-bit tensors adds (`__hadd`): y = round(w . x) + b, Qwen2's q/k/v biases.
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
 constexpr int GEMV_PLAIN = 0, GEMV_NORM = 1, GEMV_RESID = 2;
@@ -160,7 +162,8 @@ constexpr int GEMV_TC_UNROLL = 4;
 // warp's first chunks before `pdl_begin`: it was slower. docs/kernel-notes.md, "GEMV".)
 template <typename T, int NT, int WARPS, int GATE, int V, int MODE>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
-                        int rows, int in, int out, const T *__restrict__ aux, float eps) {
+                        int rows, int in, int out, const T *__restrict__ aux, float eps,
+                        const T *__restrict__ bias) {
   constexpr bool GATED = GATE != GATE_NONE;
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
@@ -295,7 +298,8 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
     const int o = threadIdx.x / 16, r = threadIdx.x % 16;
     if (threadIdx.x < 256 && r / 8 < NT && r < rows && o0 + o < out) {
       const long at = (long)r * out + o0 + o;
-      const T p = from_f32<T>(sum(o, r) * scale(r));
+      T p = from_f32<T>(sum(o, r) * scale(r));
+      if (bias != nullptr) p = __hadd(p, bias[o0 + o]);
       y[at] = MODE == GEMV_RESID ? from_f32<T>(to_f32(aux[at]) + to_f32(p)) : p;
     }
   }
@@ -307,8 +311,9 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 // 256-block products in two waves (docs/kernel-notes.md, "GEMV: register cap").
 #define GEMV_TC1(NAME, T, NT, W, GATE, V, MODE)                                               \
   extern "C" __global__ void __launch_bounds__(W * 32, NT == 1 && W < 32 ? 1024 / (W * 32) : 1) \
-      NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps) { \
-    gemv_tc<T, NT, W, GATE, V, MODE>(x, w, y, rows, in, out, aux, eps);                        \
+      NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps,   \
+           const T *bias) {                                                                    \
+    gemv_tc<T, NT, W, GATE, V, MODE>(x, w, y, rows, in, out, aux, eps, bias);                  \
   }
 // Kernel names: gemv_tc_[silu_|gelu_][norm_|resid_]<dtype>_n<NT>_w<W>_v<V> (GELU-gated with
 // the norm folded only: Gemma's MLP in a folded step).

@@ -30,8 +30,8 @@ pub use attention::{
     SplitAttention,
 };
 pub use dense::{
-    add_rmsnorm_applies, fold_applies, folds, gemv_applies, silu_gate_applies, AddRmsNorm, Fold,
-    FoldedGemv, GateMul, Gemv,
+    add_rmsnorm_applies, bias_fits, fold_applies, folds, gemv_applies, silu_gate_applies,
+    AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
