@@ -225,8 +225,9 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 22);
+        assert_eq!(keys.len(), 23);
         assert!(keys.iter().any(|k| k == "queued_verify"));
+        assert!(keys.iter().any(|k| k == "bias_fold"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
         assert!(keys.iter().any(|k| k == "ring_in_place"));
