@@ -170,6 +170,21 @@ fn heads_per_block(
     }
 }
 
+/// Warps per block of the tensor-core split kernel (`AM_WARPS` in attn_mma.cu).
+const MMA_WARPS: u32 = 4;
+
+/// Whether [`SplitAttention`] runs on tensor cores (attn_mma.cu): bf16 / f16 (`name`), head
+/// widths 32, 64 and 128, compute capability 8.0 or newer, and the option `attn_mma`. The
+/// choice never depends on the rows or the cache's length: the tensor-core kernel rounds
+/// differently from the CUDA-core one, and a verification row must stay bitwise the decode
+/// step of its position.
+fn mma_applies(o: &EngineOptions, dev: &CudaDevice, name: &str, d: usize) -> bool {
+    o.attn_mma
+        && matches!(name, "bf16" | "f16")
+        && matches!(d, 32 | 64 | 128)
+        && super::launch::compute_major(dev) >= 8
+}
+
 /// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each
 /// row's splits as one thread block cluster that combines them in distributed shared memory
 /// (the `_cl` kernels): compute capability 9.0 or newer and the option `attn_cluster`. The
@@ -336,14 +351,19 @@ impl SplitAttention {
             );
         }
         let fused = if self.rope.is_some() { "_rope" } else { "" };
+        let ring_name = if self.ring.is_some() { "_ring" } else { "" };
+        let mma = mma_applies(&o, dev, name, d);
         // Eight warps a block from `attn_wide_min_len` keys (0: always).
-        let (warps, wide) = if reach >= o.attn_wide_min_len {
+        let (warps, wide) = if mma {
+            (MMA_WARPS, "")
+        } else if reach >= o.attn_wide_min_len {
             (WIDE_WARPS, "_w8")
         } else {
             (WARPS, "")
         };
         // The row's splits as one cluster (no partial sums in global memory).
-        let cluster = !fused.is_empty()
+        let cluster = !mma
+            && !fused.is_empty()
             && self.ring.is_none()
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
@@ -359,8 +379,15 @@ impl SplitAttention {
         let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
 
         let hb = heads_per_block(&o, group, t, reach, warps);
+        // The tensor-core kernel's blocks take 16 or 32 of the t * group (row, head) pairs
+        // of a kv head (`_m1`, `_m2`).
+        let mt = if t * group <= 16 { 1 } else { 2 };
         let grid = (
-            (t * group.div_ceil(hb)) as u32,
+            if mma {
+                (t * group).div_ceil(16 * mt) as u32
+            } else {
+                (t * group.div_ceil(hb)) as u32
+            },
             kv_heads as u32,
             live.min(SPLIT_BLOCKS) as u32,
         );
@@ -369,7 +396,8 @@ impl SplitAttention {
         // (its extra registers would cost blocks an SM otherwise; at d = 128 and over grids of
         // several waves it was slower). The same arithmetic either way.
         let blocks = (grid.0 * grid.1 * grid.2) as usize;
-        let hv = if !fused.is_empty()
+        let hv = if !mma
+            && !fused.is_empty()
             && warps == WIDE_WARPS
             && d <= 64
             && o.attn_early_values
@@ -379,14 +407,15 @@ impl SplitAttention {
         } else {
             ""
         };
-        let mut l = Launch::new(
-            dev,
-            &format!(
-                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}",
-                if self.ring.is_some() { "_ring" } else { "" },
+        let kernel = if mma {
+            format!("attn_mma_{name}_d{d}_m{mt}{ring_name}{fused}")
+        } else {
+            format!(
+                "attn_split_{name}_d{d}_h{hb}{wide}{ring_name}{fused}{hv}{}",
                 if cluster { "_cl" } else { "" }
-            ),
-        )?;
+            )
+        };
+        let mut l = Launch::new(dev, &kernel)?;
         if cluster {
             // grid.2 = live (≤ CLUSTER_SPLITS < SPLIT_BLOCKS): one cluster a (row, head
             // block), its block z taking split z; no step of the launch sees a split past
