@@ -442,9 +442,12 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // Per vector: M, the largest m of its splits, and L = sum_s l_s exp2(m_s - M) (one warp a
-  // vector, lanes over the splits, summed in one order); then every (vector, dimension) item
-  // sums acc_s exp2(m_s - M) over the splits in split order, eight splits' loads in flight.
+  // Per vector: M, the largest m of its splits, and L = sum_s l_s exp2(m_s - M): warp w takes
+  // vectors w, w + AM_WARPS, ... all at once (their loads in flight together), lanes over the
+  // splits, each sum in one order. Then every thread sums acc_s exp2(m_s - M) over the splits
+  // in split order for its (vector, pair of dimensions) items, eight items and eight splits'
+  // loads in flight.
+  constexpr int VPW = NV / AM_WARPS;
   __shared__ float cM[NV], cL[NV];
   const auto span = [&](int vec, int &f, int &n) {
     const int qp = qpos_of(vec);
@@ -457,46 +460,91 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     const int sp = RING && f + s >= splits ? f + s - splits : f + s;
     return part + (rh * splits + sp) * (D + 2);
   };
-  for (int vec = warp; vec < nv; vec += AM_WARPS) {
-    int f, n;
-    span(vec, f, n);
-    if (n <= 1) continue;
-    float M = -INFINITY;
-    for (int s = lane; s < n; s += 32) M = fmaxf(M, __ldcg(row_of(vec, f, s)));
+  {
+    int fs[VPW], ns[VPW], nmax = 0;
 #pragma unroll
-    for (int o_ = 16; o_ > 0; o_ >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o_));
-    float L = 0.f;
-    for (int s = lane; s < n; s += 32) {
-      const float *pr = row_of(vec, f, s);
-      const float ms = __ldcg(pr);
-      if (ms > -INFINITY) L += __ldcg(pr + 1) * exp2f(ms - M);
+    for (int j = 0; j < VPW; ++j) {
+      const int vec = warp + j * AM_WARPS;
+      fs[j] = 0;
+      ns[j] = 0;
+      if (vec < nv) span(vec, fs[j], ns[j]);
+      nmax = max(nmax, ns[j]);
     }
-    L = warp_sum(L);
-    if (lane == 0) {
-      cM[vec] = M;
-      cL[vec] = L;
+    float M[VPW], L[VPW];
+#pragma unroll
+    for (int j = 0; j < VPW; ++j) M[j] = -INFINITY, L[j] = 0.f;
+    for (int s0 = 0; s0 < nmax; s0 += 32) {
+#pragma unroll
+      for (int j = 0; j < VPW; ++j)
+        if (s0 + lane < ns[j]) M[j] = fmaxf(M[j], __ldcg(row_of(warp + j * AM_WARPS, fs[j], s0 + lane)));
+    }
+#pragma unroll
+    for (int j = 0; j < VPW; ++j)
+#pragma unroll
+      for (int o_ = 16; o_ > 0; o_ >>= 1) M[j] = fmaxf(M[j], __shfl_xor_sync(0xffffffffu, M[j], o_));
+    for (int s0 = 0; s0 < nmax; s0 += 32) {
+#pragma unroll
+      for (int j = 0; j < VPW; ++j)
+        if (s0 + lane < ns[j]) {
+          const float *pr = row_of(warp + j * AM_WARPS, fs[j], s0 + lane);
+          const float ms = __ldcg(pr);
+          if (ms > -INFINITY) L[j] += __ldcg(pr + 1) * exp2f(ms - M[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < VPW; ++j) {
+      L[j] = warp_sum(L[j]);
+      if (lane == 0 && warp + j * AM_WARPS < nv) {
+        cM[warp + j * AM_WARPS] = M[j];
+        cL[warp + j * AM_WARPS] = L[j];
+      }
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < nv * D; i += blockDim.x) {
-    const int vec = i / D, e = i % D;
-    int f, n;
-    span(vec, f, n);
-    if (n <= 1) continue;
-    const float M = cM[vec], L = cL[vec];
-    float acc = 0.f;
-    for (int s0 = 0; s0 < n; s0 += 8) {
+  constexpr int PAIRS = D / 2;
+  constexpr int IT = (NV * PAIRS + AM_WARPS * 32 - 1) / (AM_WARPS * 32);
+  constexpr int G = IT < 8 ? IT : 8;
+  for (int g0 = 0; g0 < IT; g0 += G) {
+    int vecs[G], fs[G], ns[G], nmax = 0;
+    float2 acc[G];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (s0 + u < n) {
-          const float *pr = row_of(vec, f, s0 + u);
-          const float ms = __ldcg(pr);
-          if (ms > -INFINITY) acc += __ldcg(pr + 2 + e) * exp2f(ms - M);
-        }
-      }
+    for (int g = 0; g < G; ++g) {
+      const int i = threadIdx.x + (g0 + g) * AM_WARPS * 32;
+      vecs[g] = i / PAIRS;
+      fs[g] = 0;
+      ns[g] = 0;
+      if (g0 + g < IT && vecs[g] < nv) span(vecs[g], fs[g], ns[g]);
+      if (ns[g] <= 1) ns[g] = 0;  // written from its one split, or past the vectors
+      nmax = max(nmax, ns[g]);
+      acc[g] = make_float2(0.f, 0.f);
     }
-    const long rh = (long)(qpos_of(vec) - (len - t)) * heads + head_of(vec);
-    y[rh * D + e] = from_f32<T>(L > 0.f ? acc / L : 0.f);
+    if (nmax == 0) continue;
+    for (int s0 = 0; s0 < nmax; s0 += 8) {
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (s0 + u < ns[g]) {
+            const int e = 2 * ((threadIdx.x + (g0 + g) * AM_WARPS * 32) % PAIRS);
+            const float *pr = row_of(vecs[g], fs[g], s0 + u);
+            const float ms = __ldcg(pr);
+            const float2 x = __ldcg(reinterpret_cast<const float2 *>(pr + 2 + e));
+            if (ms > -INFINITY) {
+              const float w = exp2f(ms - cM[vecs[g]]);
+              acc[g].x += x.x * w;
+              acc[g].y += x.y * w;
+            }
+          }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (ns[g] > 0) {
+        const int e = 2 * ((threadIdx.x + (g0 + g) * AM_WARPS * 32) % PAIRS);
+        const float L = cL[vecs[g]];
+        const long rh = (long)(qpos_of(vecs[g]) - (len - t)) * heads + head_of(vecs[g]);
+        y[rh * D + e] = from_f32<T>(L > 0.f ? acc[g].x / L : 0.f);
+        y[rh * D + e + 1] = from_f32<T>(L > 0.f ? acc[g].y / L : 0.f);
+      }
   }
 }
 
