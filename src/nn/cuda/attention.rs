@@ -170,19 +170,34 @@ fn heads_per_block(
     }
 }
 
-/// Warps per block of the tensor-core split kernel (`AM_WARPS` in attn_mma.cu).
-const MMA_WARPS: u32 = 4;
-
 /// Whether [`SplitAttention`] runs on tensor cores (attn_mma.cu): bf16 / f16 (`name`), head
-/// widths 32, 64 and 128, compute capability 8.0 or newer, and the option `attn_mma`. The
+/// widths 64, 128 and 256, compute capability 8.0 or newer, and the option `attn_mma`. The
 /// choice never depends on the rows or the cache's length: the tensor-core kernel rounds
 /// differently from the CUDA-core one, and a verification row must stay bitwise the decode
 /// step of its position.
 fn mma_applies(o: &EngineOptions, dev: &CudaDevice, name: &str, d: usize) -> bool {
     o.attn_mma
         && matches!(name, "bf16" | "f16")
-        && matches!(d, 32 | 64 | 128)
+        && matches!(d, 64 | 128 | 256)
         && super::launch::compute_major(dev) >= 8
+}
+
+/// Warps a block of the tensor-core split kernel over head width `d` (`mma_warps` in
+/// attn_mma.cu).
+fn mma_warps(d: usize) -> u32 {
+    if d == 256 {
+        4
+    } else {
+        8
+    }
+}
+
+/// Dynamic shared memory of the tensor-core split kernel over head width `d` with `mt` m16
+/// tiles of query vectors (`mma_smem` in attn_mma.cu, which checks it): K and V tiles of
+/// 16 × warps keys, the staged queries or the scores, and P.
+fn mma_smem(d: usize, mt: usize) -> usize {
+    let (kt, nv, pad) = (16 * mma_warps(d) as usize, 16 * mt, d + 8);
+    2 * kt * pad * 2 + (nv * pad * 2).max(nv * (kt + 4) * 4) + nv * (kt + 8) * 2
 }
 
 /// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each
@@ -355,7 +370,7 @@ impl SplitAttention {
         let mma = mma_applies(&o, dev, name, d);
         // Eight warps a block from `attn_wide_min_len` keys (0: always).
         let (warps, wide) = if mma {
-            (MMA_WARPS, "")
+            (mma_warps(d), "")
         } else if reach >= o.attn_wide_min_len {
             (WIDE_WARPS, "_w8")
         } else {
@@ -380,8 +395,8 @@ impl SplitAttention {
 
         let hb = heads_per_block(&o, group, t, reach, warps);
         // The tensor-core kernel's blocks take 16 or 32 of the t * group (row, head) pairs
-        // of a kv head (`_m1`, `_m2`).
-        let mt = if t * group <= 16 { 1 } else { 2 };
+        // of a kv head (`_m1`, `_m2`; 16 at d = 256).
+        let mt = if t * group <= 16 || d == 256 { 1 } else { 2 };
         let grid = (
             if mma {
                 (t * group).div_ceil(16 * mt) as u32
@@ -520,10 +535,17 @@ impl SplitAttention {
                 }
             }
         }
+        let shared_mem_bytes = if mma {
+            let bytes = mma_smem(d, mt);
+            l.dynamic_smem(bytes)?;
+            bytes as u32
+        } else {
+            0
+        };
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes,
         };
         // SAFETY: the argument list matches `attn_split` in attn_split.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and

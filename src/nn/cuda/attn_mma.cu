@@ -5,31 +5,43 @@
 #include "common.cuh"
 #include "attn_split.cu"
 
-constexpr int AM_WARPS = 4;  // warps a block
-constexpr int AM_K = 64;     // keys a tile; warp w takes keys 16 w .. 16 w + 15 of each
 
 // Split-K attention of t query rows over a cache, the rows' query vectors on tensor cores.
 //
 // Vectors: the t * group (row, head) pairs of kv head y, pair i = row * group + head; block x
 // takes pairs NV x ... (NV = 16 MT: MT m16 tiles of the mma, zero rows past the last pair).
 // Grid: x = ceil(t * group / NV), y = kv head, z: blocks sharing the splits (z takes splits
-// z, z + gridDim.z, ... of those its vectors see). Block: AM_WARPS warps. Queries, keys,
-// splits, the ring, the window, `len_ptr` and the fused RoPE / K/V store / q/k norms are those
-// of `attn_split`; `part` and `y` are laid out as there, (m, l) in log2 units.
+// z, z + gridDim.z, ... of those its vectors see). Block: W warps (`mma_warps`). Queries,
+// keys, splits, the ring, the window, `len_ptr` and the fused RoPE / K/V store / q/k norms
+// are those of `attn_split`; `part` and `y` are laid out as there, (m, l) in log2 units.
 //
-// Per split: K/V tiles of AM_K keys stream through shared memory (cp.async, the next tile's
-// keys loading while this one's values are used); warp w scores its 16 keys of the tile
-// against every vector (S = Q K^T, mma), keeps an online softmax per vector and accumulates
-// O += P V (P rounded to T, as FlashAttention does); the warps' (m, l, O) are then combined in
-// warp order. A vector whose visible keys lie in one split writes its output there; the last
-// block of the (chunk, kv head) to finish combines the others' splits.
+// Per split, K/V tiles of KT = 16 W keys stream through shared memory (cp.async, the next
+// tile's keys loading while this one's values are used). Warp w scores the tile's keys
+// 16 w .. 16 w + 15 against every vector (S = Q K^T, mma; Q's fragments held in registers)
+// into shared memory; four threads a vector then take its online softmax over the tile (KT / 4
+// keys each; maxima and sums over the four in one order) and write P (rounded to T, as
+// FlashAttention does); warp w accumulates O += P V for its slice of the D
+// dimensions over all the tile's keys. At the split's end each warp writes its slice: a
+// vector whose visible keys lie in this one split its output, else its partial row; the last
+// block of the (chunk, kv head) to finish combines the partial rows.
 //
 // A vector's result depends on its own row, keys and the split boundaries only: tiles no key
 // of which it sees leave its running state exactly as it was (scale 1, products of zero), rows
 // of a tile it does not see are multiplied by zero (cache rows no vector of the block sees
-// are loaded as zeros, never as stale bytes), and an mma's output row depends on its own input
-// row only. So a verification row is bitwise the decode step of its position, whatever the
-// other rows and heads of its block, and whatever MT.
+// are loaded as zeros, never as stale bytes), an mma's output row depends on its own input
+// row only, and a vector's softmax is taken by the same four threads in the same order in
+// every block. So a verification row is bitwise the decode step of its position, whatever
+// the other rows and heads of its block, and whatever MT.
+//
+// Dynamic shared memory (`mma_smem` bytes, checked): K and V tiles [KT][D + 8], one region
+// that holds the staged queries [NV][D + 8] until their fragments are in registers and S
+// [NV][KT + 4] (floats) after, and P [NV][KT + 8].
+template <int D> __host__ __device__ constexpr int mma_warps() { return D == 256 ? 4 : 8; }
+template <int D, int MT> __host__ __device__ constexpr int mma_smem() {
+  constexpr int KT = 16 * mma_warps<D>(), NV = 16 * MT, PAD = D + 8;
+  constexpr int q = NV * PAD * 2, sp = NV * (KT + 4) * 4;
+  return 2 * KT * PAD * 2 + (q > sp ? q : sp) + NV * (KT + 8) * 2;
+}
 template <typename T, int D, int MT, bool ROPE, bool RING>
 __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
                          const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
@@ -37,12 +49,33 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
                          int heads, int group, long q_head_stride, long q_row_stride,
                          long kv_head_stride, int split_len, int splits, int window,
                          float softcap, int ring, int ring_lo, const FusedRope<T> rope) {
+  constexpr int W = mma_warps<D>();
   constexpr int NV = 16 * MT;
-  constexpr int PAD = D + 8;  // row stride of the tiles: conflict-free fragment reads
-  constexpr int KS = D / 16;  // k-steps of Q K^T
-  constexpr int NT = D / 8;   // n-tiles of O
+  constexpr int KT = 16 * W;       // keys a tile
+  constexpr int PAD = D + 8;       // row stride of the K/V tiles and staged queries
+  constexpr int SP = KT + 4;       // row stride of S (floats)
+  constexpr int KS = D / 16;       // k-steps of Q K^T
+  constexpr int NTW = D / 8 / W;   // n-tiles of O a warp
   constexpr int HALF = D / 2;
+  constexpr int SK = KT / 4;       // keys of a tile a softmax thread takes
   constexpr float LOG2E = 1.4426950408889634f;
+  static_assert(NTW >= 1 && KT % 64 == 0 && W * 32 >= 4 * NV, "tile shape");
+  extern __shared__ __align__(16) unsigned char smem[];
+  {
+    unsigned have;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+    if (have < (unsigned)mma_smem<D, MT>()) __trap();
+  }
+  T(*ks)[PAD] = reinterpret_cast<T(*)[PAD]>(smem);
+  T(*vsm)[PAD] = reinterpret_cast<T(*)[PAD]>(smem + KT * PAD * sizeof(T));
+  unsigned char *region = smem + 2 * KT * PAD * sizeof(T);
+  T(*sq)[PAD] = reinterpret_cast<T(*)[PAD]>(region);
+  float(*ss)[SP] = reinterpret_cast<float(*)[SP]>(region);
+  constexpr int PP = KT + 8;  // row stride of P
+  T(*sp)[PP] = reinterpret_cast<T(*)[PP]>(
+      region + (NV * PAD * 2 > NV * SP * 4 ? NV * PAD * 2 : NV * SP * 4));
+  __shared__ float m_run[NV], l_run[NV], corr_s[NV];
+
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int kvh = blockIdx.y;
   const int v0 = blockIdx.x * NV, nv = min(NV, t * group - v0);
@@ -97,31 +130,36 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 
   // The query vectors into shared memory (rotated, normed, with RoPE fused) and, with RoPE
   // fused, the step's new positions any vector of the block sees, in this block's splits,
-  // into the cache (every block that reads a new position writes the same bytes there first).
+  // into the cache (every block that reads a new position writes the same bytes there
+  // first). Items of eight elements of each half (a RoPE pair's both ends), their loads in
+  // flight together.
   const int fresh = ROPE ? len - t : len;
   const int wlo = max(fresh, vis_u);
-  const int writes = ROPE ? max(0, qp_hi + 1 - wlo) * HALF : 0;
-  __shared__ __align__(16) T sq[NV][PAD];
+  const int nk = ROPE ? max(0, qp_hi + 1 - wlo) : 0;  // new positions written
   __shared__ float qscale[NV], kscale[32];
   const bool qk_norm = ROPE && rope.qn != nullptr;
+  const auto q_row = [&](int vec) {
+    return q + head_of(vec) * q_head_stride + (long)(qpos_of(vec) - (len - t)) * q_row_stride;
+  };
+  const auto k_row = [&](int n) { return rope.k_new + n * rope.k_row + (long)kvh * D; };
   if (qk_norm) {
-    for (int item = warp; item < NV + writes / HALF; item += AM_WARPS) {
+    for (int item = warp; item < NV + nk; item += W) {
       const bool is_q = item < NV;
       if (is_q && item >= nv) continue;
       const int n = wlo - fresh + item - NV;  // new key row (not is_q)
-      const T *xr = is_q ? q + head_of(item) * q_head_stride + (long)(qpos_of(item) - (len - t)) * q_row_stride
-                         : rope.k_new + n * rope.k_row + (long)kvh * D;
-      float ss = 0.f;
+      const T *xr = is_q ? q_row(item) : k_row(n);
+      float ss2 = 0.f;
+#pragma unroll
       for (int e = lane; e < D; e += 32) {
         const float f = to_f32(xr[e]);
-        ss += f * f;
+        ss2 += f * f;
       }
-      ss = warp_sum(ss);
+      ss2 = warp_sum(ss2);
       if (lane == 0) {
         if (is_q)
-          qscale[item] = rsqrtf(ss / D + rope.q_eps);
+          qscale[item] = rsqrtf(ss2 / D + rope.q_eps);
         else
-          kscale[n] = rsqrtf(ss / D + rope.k_eps);
+          kscale[n] = rsqrtf(ss2 / D + rope.k_eps);
       }
     }
     __syncthreads();
@@ -129,79 +167,105 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   const auto normed = [&](float x, float scale, const T *w, int f) {
     return to_f32(from_f32<T>(x * scale * to_f32(w[f])));
   };
-  for (int i = threadIdx.x; i < max(NV * D, writes); i += blockDim.x) {
-    if (i < NV * D) {
-      const int vec = i / D, e = i % D;
-      float x = 0.f;
-      if (vec < nv) {
-        const int qp = qpos_of(vec);
-        const T *qr = q + head_of(vec) * q_head_stride + (long)(qp - (len - t)) * q_row_stride;
-        if (ROPE) {
-          const int f = e % HALF;
-          const float c = to_f32(rope.cos[(long)qp * HALF + f]);
-          const float sn = to_f32(rope.sin[(long)qp * HALF + f]);
-          float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
-          if (qk_norm) {
-            x1 = normed(x1, qscale[vec], rope.qn, f);
-            x2 = normed(x2, qscale[vec], rope.qn, f + HALF);
-          }
-          x = e < HALF ? x1 * c - x2 * sn : x1 * sn + x2 * c;
-        } else {
-          x = to_f32(qr[e]);
+  // (x1, x2) at pair f of position p rotated, into (r1, r2), rounded to T.
+  constexpr int CH = 8, CHUNKS = HALF / CH;
+  const auto rotate = [&](const T *x, int p, int f0, float scale, const T *nw, T (&r1)[CH],
+                          T (&r2)[CH]) {
+    float x1[CH], x2[CH], c[CH], sn[CH];
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      x1[u] = to_f32(x[f0 + u]);
+      x2[u] = to_f32(x[f0 + u + HALF]);
+      c[u] = to_f32(rope.cos[(long)p * HALF + f0 + u]);
+      sn[u] = to_f32(rope.sin[(long)p * HALF + f0 + u]);
+    }
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      if (nw != nullptr) {
+        x1[u] = normed(x1[u], scale, nw, f0 + u);
+        x2[u] = normed(x2[u], scale, nw, f0 + u + HALF);
+      }
+      r1[u] = from_f32<T>(x1[u] * c[u] - x2[u] * sn[u]);
+      r2[u] = from_f32<T>(x1[u] * sn[u] + x2[u] * c[u]);
+    }
+  };
+  for (int i = threadIdx.x; i < max(NV, nk) * CHUNKS; i += blockDim.x) {
+    const int which = i / CHUNKS, f0 = i % CHUNKS * CH;
+    if (which < NV) {
+      T r1[CH], r2[CH];
+      if (which >= nv) {
+#pragma unroll
+        for (int u = 0; u < CH; ++u) r1[u] = r2[u] = from_f32<T>(0.f);
+      } else if (ROPE) {
+        rotate(q_row(which), qpos_of(which), f0, qk_norm ? qscale[which] : 0.f,
+               qk_norm ? rope.qn : nullptr, r1, r2);
+      } else {
+        const T *x = q_row(which);
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+          r1[u] = x[f0 + u];
+          r2[u] = x[f0 + u + HALF];
         }
       }
-      sq[vec][e] = from_f32<T>(x);
+#pragma unroll
+      for (int u = 0; u < CH; ++u) {
+        sq[which][f0 + u] = r1[u];
+        sq[which][f0 + u + HALF] = r2[u];
+      }
     }
-    if (ROPE && i < writes) {
-      const int p = wlo + i / HALF, f = i % HALF;
+    if (ROPE && which < nk) {
+      const int p = wlo + which;
       const int slot = RING ? p % ring : p, ps = slot / split_len;
       const int split = RING && ps < first_u ? ps + splits : ps;
       if (split >= start && split < end_u && (split - start) % zs == 0) {
         const int n = p - fresh;
-        const float c = to_f32(rope.cos[(long)p * HALF + f]);
-        const float sn = to_f32(rope.sin[(long)p * HALF + f]);
-        const T *x = rope.k_new + n * rope.k_row + (long)kvh * D;
-        float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
-        if (qk_norm) {
-          x1 = normed(x1, kscale[n], rope.kn, f);
-          x2 = normed(x2, kscale[n], rope.kn, f + HALF);
-        }
+        T r1[CH], r2[CH];
+        rotate(k_row(n), p, f0, qk_norm ? kscale[n] : 0.f, qk_norm ? rope.kn : nullptr, r1, r2);
         T *o = rope.kw + kvh * kv_head_stride + (long)slot * D;
-        o[f] = from_f32<T>(x1 * c - x2 * sn);
-        o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
         const T *vn = rope.v_new + n * rope.v_row + (long)kvh * D;
         T *w = rope.vw + kvh * kv_head_stride + (long)slot * D;
-        w[f] = vn[f];
-        w[f + HALF] = vn[f + HALF];
+        T v1[CH], v2[CH];
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+          v1[u] = vn[f0 + u];
+          v2[u] = vn[f0 + u + HALF];
+        }
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+          o[f0 + u] = r1[u];
+          o[f0 + u + HALF] = r2[u];
+          w[f0 + u] = v1[u];
+          w[f0 + u + HALF] = v2[u];
+        }
       }
     }
   }
   __syncthreads();
-
-  // This thread's rows of the m16 tiles: vectors mt * 16 + grp + 8 r; what each sees.
-  int r_qp[MT][2], r_lo[MT][2];
-  bool r_ok[MT][2];
+  // Q's A fragments into registers; the staging region becomes S / P.
+  uint32_t qa[MT][KS][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int vec = mt * 16 + grp + 8 * r;
-      r_ok[mt][r] = vec < nv;
-      r_qp[mt][r] = qpos_of(min(vec, nv - 1));
-      r_lo[mt][r] = vis_of(r_qp[mt][r]);
+    for (int st = 0; st < KS; ++st) {
+      const T *p = &sq[mt * 16 + grp][st * 16 + 2 * tig];
+      qa[mt][st][0] = *reinterpret_cast<const uint32_t *>(p);
+      qa[mt][st][1] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD);
+      qa[mt][st][2] = *reinterpret_cast<const uint32_t *>(p + 8);
+      qa[mt][st][3] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD + 8);
     }
+  __syncthreads();
+
+  // The softmax's four threads a vector: vector sv, keys SK sq4 .. SK sq4 + SK - 1 of a tile,
+  // and what it sees.
+  const int sv = threadIdx.x / 4, sq4 = threadIdx.x % 4;
+  const bool s_on = sv < NV;
+  const bool s_ok = sv < nv;
+  const int s_qp = qpos_of(s_ok ? sv : nv - 1), s_lo = vis_of(s_qp);
   // Whether key index (a ring's: slot) j is one the query at qp sees from `lo` on.
   const auto sees = [&](int j, int qp, int lo) {
     if (RING) return (j - lo % ring + ring) % ring < qp + 1 - lo;
     return j >= lo && j <= qp;
   };
-
-  __shared__ __align__(16) T ks[AM_K][PAD];
-  __shared__ __align__(16) T vsm[AM_K][PAD];
-  __shared__ float wm[AM_WARPS][NV], wl[AM_WARPS][NV];
-  // The warps' combined O of a split [NV][D], over ks once its tiles are done.
-  static_assert(NV * D * sizeof(float) <= sizeof(ks), "sacc fits in ks");
-  float *sacc = reinterpret_cast<float *>(&ks[0][0]);
   const T *kh = k + kvh * kv_head_stride, *vh = v + kvh * kv_head_stride;
   // Whether some vector sees several splits (else every vector writes its output from the
   // split it sees, and there is nothing to combine).
@@ -225,31 +289,32 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     // Whether the tile from key a holds a key some vector sees.
     const auto live = [&](int a) {
       if (a >= s1) return false;
-      if (!RING) return a + AM_K > lo_b;
+      if (!RING) return a + KT > lo_b;
       const int d0 = (a - vslot_u + ring) % ring;
-      return d0 < vn_u || d0 + (min(a + AM_K, s1) - a) > ring;
+      return d0 < vn_u || d0 + (min(a + KT, s1) - a) > ring;
     };
     const auto next = [&](int a) {
-      while (a < s1 && !live(a)) a += AM_K;
+      while (a < s1 && !live(a)) a += KT;
       return a;
     };
     const auto load_tile = [&](T(*dst)[PAD], const T *src, int a) {
-      for (int idx = threadIdx.x; idx < AM_K * D / 8; idx += AM_WARPS * 32) {
+      for (int idx = threadIdx.x; idx < KT * D / 8; idx += W * 32) {
         const int r = idx / (D / 8), c = idx % (D / 8) * 8, j = a + r;
         const bool ok = j < s1 && uvis(j);
         cp_async16(&dst[r][c], src + (long)(ok ? j : a) * D + c, ok);
       }
     };
-    float o[MT][NT][4];
-    float m[MT][2], l[MT][2];
+    float o[MT][NTW][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < NT; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-      m[mt][0] = m[mt][1] = -INFINITY;
-      l[mt][0] = l[mt][1] = 0.f;
+      for (int n = 0; n < NTW; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    if (s_on && sq4 == 0) {
+      m_run[sv] = -INFINITY;
+      l_run[sv] = 0.f;
     }
-    int a = next(RING ? s0 : s0 + (lo_b - s0) / AM_K * AM_K);
+    __syncthreads();
+    int a = next(RING ? s0 : s0 + (lo_b - s0) / KT * KT);
     if (a < s1) {
       load_tile(ks, kh, a);
       cp_async_commit();
@@ -257,175 +322,150 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
       cp_async_commit();
     }
     while (a < s1) {
-      const int an = next(a + AM_K);
+      const int an = next(a + KT);
       cp_async_wait<1>();  // K of this tile
       __syncthreads();
-      float s[MT][2][4];
+      // S of this warp's 16 keys for every vector, into ss.
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int n = 0; n < 2; ++n) {
+        float sc[MT][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt) sc[mt][0] = sc[mt][1] = sc[mt][2] = sc[mt][3] = 0.f;
+        const T *kr = &ks[warp * 16 + n * 8 + grp][2 * tig];
 #pragma unroll
-      for (int st = 0; st < KS; ++st) {
+        for (int st = 0; st < KS; ++st) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr + st * 16);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + st * 16 + 8);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          const T *kr = &ks[warp * 16 + n * 8 + grp][st * 16 + 2 * tig];
-          const uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const T *qa = &sq[mt * 16 + grp][st * 16 + 2 * tig];
-            mma16816<T>(s[mt][n], *reinterpret_cast<const uint32_t *>(qa),
-                        *reinterpret_cast<const uint32_t *>(qa + 8 * PAD),
-                        *reinterpret_cast<const uint32_t *>(qa + 8),
-                        *reinterpret_cast<const uint32_t *>(qa + 8 * PAD + 8), b0, b1);
-          }
+          for (int mt = 0; mt < MT; ++mt) mma16816<T>(sc[mt], qa[mt][st], b0, b1);
         }
-      }
-      __syncthreads();  // every warp is done with ks
-      if (an < s1) load_tile(ks, kh, an);
-      cp_async_commit();
-
-      // Mask, softcap, online softmax of rows grp, grp + 8 of each m tile (a quad of lanes
-      // shares a row; the quad's sums and maxima in one order).
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = a + warp * 16 + n * 8 + 2 * tig + (e & 1), r = e >> 1;
-            float x = s[mt][n][e];
-            if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
-            const bool vis = r_ok[mt][r] && j < s1 && sees(j, r_qp[mt][r], r_lo[mt][r]);
-            x = vis ? x * LOG2E : -INFINITY;
-            s[mt][n][e] = x;
-            tmax[r] = fmaxf(tmax[r], x);
-          }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
-          tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-          const float m_new = fmaxf(m[mt][r], tmax[r]);
-          const float corr = m_new == -INFINITY ? 1.f : exp2f(m[mt][r] - m_new);
-          m[mt][r] = m_new;
-          l[mt][r] *= corr;
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            o[mt][n][2 * r] *= corr;
-            o[mt][n][2 * r + 1] *= corr;
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1;
-            const float p = m[mt][r] == -INFINITY ? 0.f : exp2f(s[mt][n][e] - m[mt][r]);
-            s[mt][n][e] = p;
-            l[mt][r] += p;
-          }
-      }
-
-      cp_async_wait<1>();  // V of this tile
-      __syncthreads();
-      uint32_t pa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack2<T>(s[mt][0][0], s[mt][0][1]);
-        pa[mt][1] = pack2<T>(s[mt][0][2], s[mt][0][3]);
-        pa[mt][2] = pack2<T>(s[mt][1][0], s[mt][1][1]);
-        pa[mt][3] = pack2<T>(s[mt][1][2], s[mt][1][3]);
-      }
-      const T *vr = &vsm[warp * 16 + (lane % 8) + ((lane / 8) & 1) * 8][(lane / 16) * 8];
-#pragma unroll
-      for (int n = 0; n < NT; n += 2) {
-        uint32_t b[4];
-        ldsm_x4_trans(b, vr + n * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma16816<T>(o[mt][n], pa[mt], b[0], b[1]);
-          mma16816<T>(o[mt][n + 1], pa[mt], b[2], b[3]);
+          const int col = warp * 16 + n * 8 + 2 * tig;
+          *reinterpret_cast<float2 *>(&ss[mt * 16 + grp][col]) = make_float2(sc[mt][0], sc[mt][1]);
+          *reinterpret_cast<float2 *>(&ss[mt * 16 + grp + 8][col]) =
+              make_float2(sc[mt][2], sc[mt][3]);
         }
       }
-      __syncthreads();  // every warp is done with vsm
+      __syncthreads();  // S complete; every warp is done with ks
+      if (an < s1) load_tile(ks, kh, an);
+      cp_async_commit();
+      // Online softmax of vector sv over this tile: mask, softcap, max and sum over the
+      // quad's 4 x SK keys (S read twice: the max, then P), P rounded to T.
+      if (s_on) {
+        const auto logit = [&](int u) {
+          const int j = a + sq4 * SK + u;
+          float sc = ss[sv][sq4 * SK + u];
+          if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
+          return s_ok && j < s1 && sees(j, s_qp, s_lo) ? sc * LOG2E : -INFINITY;
+        };
+        float tmax = -INFINITY;
+#pragma unroll 8
+        for (int u = 0; u < SK; ++u) tmax = fmaxf(tmax, logit(u));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_old = m_run[sv];
+        const float m_new = fmaxf(m_old, tmax);
+        const float corr = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+        float sum = 0.f;
+        uint32_t *prow = reinterpret_cast<uint32_t *>(&sp[sv][sq4 * SK]);
+#pragma unroll 4
+        for (int u = 0; u < SK; u += 2) {
+          const float p0 = m_new == -INFINITY ? 0.f : exp2f(logit(u) - m_new);
+          const float p1 = m_new == -INFINITY ? 0.f : exp2f(logit(u + 1) - m_new);
+          sum += p0;
+          sum += p1;
+          prow[u / 2] = pack2<T>(p0, p1);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (sq4 == 0) {
+          m_run[sv] = m_new;
+          l_run[sv] = l_run[sv] * corr + sum;
+          corr_s[sv] = corr;
+        }
+      }
+      cp_async_wait<1>();  // V of this tile
+      __syncthreads();     // P, corr_s complete
+      // O (this warp's n-tiles) *= corr, += P V over the tile's keys.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const float c0 = corr_s[mt * 16 + grp], c1 = corr_s[mt * 16 + grp + 8];
+#pragma unroll
+        for (int n = 0; n < NTW; ++n) {
+          o[mt][n][0] *= c0;
+          o[mt][n][1] *= c0;
+          o[mt][n][2] *= c1;
+          o[mt][n][3] *= c1;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const T *pr = &sp[mt * 16 + grp][kk * 16 + 2 * tig];
+          pa[mt][0] = *reinterpret_cast<const uint32_t *>(pr);
+          pa[mt][1] = *reinterpret_cast<const uint32_t *>(pr + 8 * PP);
+          pa[mt][2] = *reinterpret_cast<const uint32_t *>(pr + 8);
+          pa[mt][3] = *reinterpret_cast<const uint32_t *>(pr + 8 * PP + 8);
+        }
+        const T *vr = &vsm[kk * 16 + (lane % 8) + ((lane / 8) & 1) * 8][(lane / 16) * 8];
+#pragma unroll
+        for (int n = 0; n < NTW; n += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, vr + (warp * NTW + (NTW == 1 ? -(warp & 1) : n)) * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (NTW == 1) {
+              mma16816<T>(o[mt][0], pa[mt], b[(warp & 1) * 2], b[(warp & 1) * 2 + 1]);
+            } else {
+              mma16816<T>(o[mt][n], pa[mt], b[0], b[1]);
+              mma16816<T>(o[mt][n + 1], pa[mt], b[2], b[3]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // every warp is done with vsm and P
       if (an < s1) load_tile(vsm, vh, an);
       cp_async_commit();
       a = an;
     }
     cp_async_wait<0>();
 
-    // The warps' (m, l, O) of each vector combined in warp order (the quad's l summed first).
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
-        l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
-        if (tig == 0) {
-          wm[warp][mt * 16 + grp + 8 * r] = m[mt][r];
-          wl[warp][mt * 16 + grp + 8 * r] = l[mt][r];
-        }
-      }
-    for (int i = threadIdx.x; i < NV * D; i += blockDim.x) sacc[i] = 0.f;
-    __syncthreads();
-    float wgt[MT][2];  // exp2(m_warp - M) of this thread's rows for its own warp
+    // Each vector's split result, this warp's dimensions: its output where this is its only
+    // split, else its partial row (m, l by the first warp); nothing for a vector that sees no
+    // key of this split.
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int vec = mt * 16 + grp + 8 * r;
-        float M = -INFINITY;
+        if (vec >= nv) continue;
+        const int qp = qpos_of(vec);
+        int f, en;
+        split_range(qp, vis_of(qp), f, en);
+        const int own = RING && split < f ? split + splits : split;
+        if (own < f || own >= en) continue;
+        const float M = m_run[vec], L = l_run[vec];
+        const long rh = (long)(qp - (len - t)) * heads + head_of(vec);
 #pragma unroll
-        for (int w = 0; w < AM_WARPS; ++w) M = fmaxf(M, wm[w][vec]);
-        wgt[mt][r] = m[mt][r] > -INFINITY ? exp2f(m[mt][r] - M) : 0.f;
-      }
-    for (int w = 0; w < AM_WARPS; ++w) {
-      if (warp == w) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (m[mt][r] == -INFINITY) continue;
-            float *row = sacc + (mt * 16 + grp + 8 * r) * D + 2 * tig;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              row[n * 8] += o[mt][n][2 * r] * wgt[mt][r];
-              row[n * 8 + 1] += o[mt][n][2 * r + 1] * wgt[mt][r];
+        for (int n = 0; n < NTW; ++n) {
+          const int e = (warp * NTW + n) * 8 + 2 * tig;
+          if (en - f == 1) {
+            y[rh * D + e] = from_f32<T>(L > 0.f ? o[mt][n][2 * r] / L : 0.f);
+            y[rh * D + e + 1] = from_f32<T>(L > 0.f ? o[mt][n][2 * r + 1] / L : 0.f);
+          } else {
+            float *out = part + (rh * splits + split) * (D + 2);
+            *reinterpret_cast<float2 *>(out + 2 + e) = make_float2(o[mt][n][2 * r], o[mt][n][2 * r + 1]);
+            if (warp == 0 && n == 0 && tig == 0) {
+              out[0] = M;
+              out[1] = L;
             }
           }
-      }
-      __syncthreads();
-    }
-    // Each vector's split result: its output where this is its only split, else its partial
-    // row; nothing for a vector that sees no key of this split.
-    for (int i = threadIdx.x; i < nv * D; i += blockDim.x) {
-      const int vec = i / D, e = i % D, qp = qpos_of(vec);
-      int f, en;
-      split_range(qp, vis_of(qp), f, en);
-      const int own = RING && split < f ? split + splits : split;
-      if (own < f || own >= en) continue;
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < AM_WARPS; ++w) M = fmaxf(M, wm[w][vec]);
-      float L = 0.f;
-#pragma unroll
-      for (int w = 0; w < AM_WARPS; ++w)
-        if (wm[w][vec] > -INFINITY) L += wl[w][vec] * exp2f(wm[w][vec] - M);
-      const long rh = (long)(qp - (len - t)) * heads + head_of(vec);
-      if (en - f == 1) {
-        y[rh * D + e] = from_f32<T>(L > 0.f ? sacc[vec * D + e] / L : 0.f);
-      } else {
-        float *out = part + (rh * splits + split) * (D + 2);
-        out[2 + e] = sacc[vec * D + e];
-        if (e == 0) {
-          out[0] = M;
-          out[1] = L;
         }
       }
-    }
-    __syncthreads();  // sacc (over ks) is the next split's tiles
+    __syncthreads();  // m_run, l_run are the next split's
   }
   if (!any_multi) return;
 
@@ -443,11 +483,11 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   if (!last) return;
   __threadfence();
   // Per vector: M, the largest m of its splits, and L = sum_s l_s exp2(m_s - M): warp w takes
-  // vectors w, w + AM_WARPS, ... all at once (their loads in flight together), lanes over the
+  // vectors w, w + W, ... all at once (their loads in flight together), lanes over the
   // splits, each sum in one order. Then every thread sums acc_s exp2(m_s - M) over the splits
   // in split order for its (vector, pair of dimensions) items, eight items and eight splits'
   // loads in flight.
-  constexpr int VPW = NV / AM_WARPS;
+  constexpr int VPW = NV / W;
   __shared__ float cM[NV], cL[NV];
   const auto span = [&](int vec, int &f, int &n) {
     const int qp = qpos_of(vec);
@@ -464,7 +504,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     int fs[VPW], ns[VPW], nmax = 0;
 #pragma unroll
     for (int j = 0; j < VPW; ++j) {
-      const int vec = warp + j * AM_WARPS;
+      const int vec = warp + j * W;
       fs[j] = 0;
       ns[j] = 0;
       if (vec < nv) span(vec, fs[j], ns[j]);
@@ -476,7 +516,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     for (int s0 = 0; s0 < nmax; s0 += 32) {
 #pragma unroll
       for (int j = 0; j < VPW; ++j)
-        if (s0 + lane < ns[j]) M[j] = fmaxf(M[j], __ldcg(row_of(warp + j * AM_WARPS, fs[j], s0 + lane)));
+        if (s0 + lane < ns[j]) M[j] = fmaxf(M[j], __ldcg(row_of(warp + j * W, fs[j], s0 + lane)));
     }
 #pragma unroll
     for (int j = 0; j < VPW; ++j)
@@ -486,7 +526,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
       for (int j = 0; j < VPW; ++j)
         if (s0 + lane < ns[j]) {
-          const float *pr = row_of(warp + j * AM_WARPS, fs[j], s0 + lane);
+          const float *pr = row_of(warp + j * W, fs[j], s0 + lane);
           const float ms = __ldcg(pr);
           if (ms > -INFINITY) L[j] += __ldcg(pr + 1) * exp2f(ms - M[j]);
         }
@@ -494,22 +534,22 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
     for (int j = 0; j < VPW; ++j) {
       L[j] = warp_sum(L[j]);
-      if (lane == 0 && warp + j * AM_WARPS < nv) {
-        cM[warp + j * AM_WARPS] = M[j];
-        cL[warp + j * AM_WARPS] = L[j];
+      if (lane == 0 && warp + j * W < nv) {
+        cM[warp + j * W] = M[j];
+        cL[warp + j * W] = L[j];
       }
     }
   }
   __syncthreads();
   constexpr int PAIRS = D / 2;
-  constexpr int IT = (NV * PAIRS + AM_WARPS * 32 - 1) / (AM_WARPS * 32);
+  constexpr int IT = (NV * PAIRS + W * 32 - 1) / (W * 32);
   constexpr int G = IT < 8 ? IT : 8;
   for (int g0 = 0; g0 < IT; g0 += G) {
     int vecs[G], fs[G], ns[G], nmax = 0;
     float2 acc[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const int i = threadIdx.x + (g0 + g) * AM_WARPS * 32;
+      const int i = threadIdx.x + (g0 + g) * W * 32;
       vecs[g] = i / PAIRS;
       fs[g] = 0;
       ns[g] = 0;
@@ -525,7 +565,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int g = 0; g < G; ++g)
           if (s0 + u < ns[g]) {
-            const int e = 2 * ((threadIdx.x + (g0 + g) * AM_WARPS * 32) % PAIRS);
+            const int e = 2 * ((threadIdx.x + (g0 + g) * W * 32) % PAIRS);
             const float *pr = row_of(vecs[g], fs[g], s0 + u);
             const float ms = __ldcg(pr);
             const float2 x = __ldcg(reinterpret_cast<const float2 *>(pr + 2 + e));
@@ -539,7 +579,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
     for (int g = 0; g < G; ++g)
       if (ns[g] > 0) {
-        const int e = 2 * ((threadIdx.x + (g0 + g) * AM_WARPS * 32) % PAIRS);
+        const int e = 2 * ((threadIdx.x + (g0 + g) * W * 32) % PAIRS);
         const float L = cL[vecs[g]];
         const long rh = (long)(qpos_of(vecs[g]) - (len - t)) * heads + head_of(vecs[g]);
         y[rh * D + e] = from_f32<T>(L > 0.f ? acc[g].x / L : 0.f);
@@ -552,7 +592,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 // attn_split's `_rope` arguments (its prologue prefetches [pf0, pf0 + pf0_n) and [pf1,
 // pf1 + pf1_n) into the L2).
 #define ATTN_MMA1(NAME, T, D, MT, RING)                                                        \
-  extern "C" __global__ void __launch_bounds__(AM_WARPS * 32)                                  \
+  extern "C" __global__ void __launch_bounds__(mma_warps<D>() * 32, 2)                                  \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
@@ -561,7 +601,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
                                     q_head_stride, q_row_stride, kv_head_stride, split_len,   \
                                     splits, window, softcap, ring, ring_lo, FusedRope<T>{});  \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(AM_WARPS * 32)                                  \
+  extern "C" __global__ void __launch_bounds__(mma_warps<D>() * 32, 2)                                  \
       NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
                   const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
                   long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
@@ -576,14 +616,17 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
                                    FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw, \
                                                 qn, kn, q_eps, k_eps});                        \
   }
-// `_m1` / `_m2`: one or two m16 tiles of vectors a block; `_ring` over a ring.
+// `_m1` / `_m2`: one or two m16 tiles of vectors a block; `_ring` over a ring. d = 256
+// (Gemma 3): one (two would not fit the registers).
 #define ATTN_MMA(NAME, T, D)                                                                   \
   ATTN_MMA1(NAME##_m1, T, D, 1, false) ATTN_MMA1(NAME##_m2, T, D, 2, false)                    \
   ATTN_MMA1(NAME##_m1_ring, T, D, 1, true) ATTN_MMA1(NAME##_m2_ring, T, D, 2, true)
+#define ATTN_MMA256(NAME, T)                                                                   \
+  ATTN_MMA1(NAME##_m1, T, 256, 1, false) ATTN_MMA1(NAME##_m1_ring, T, 256, 1, true)
 
-ATTN_MMA(attn_mma_bf16_d32, __nv_bfloat16, 32)
 ATTN_MMA(attn_mma_bf16_d64, __nv_bfloat16, 64)
 ATTN_MMA(attn_mma_bf16_d128, __nv_bfloat16, 128)
-ATTN_MMA(attn_mma_f16_d32, __half, 32)
 ATTN_MMA(attn_mma_f16_d64, __half, 64)
 ATTN_MMA(attn_mma_f16_d128, __half, 128)
+ATTN_MMA256(attn_mma_bf16_d256, __nv_bfloat16)
+ATTN_MMA256(attn_mma_f16_d256, __half)
