@@ -194,10 +194,10 @@ fn mma_warps(d: usize) -> u32 {
 
 /// Dynamic shared memory of the tensor-core split kernel over head width `d` with `mt` m16
 /// tiles of query vectors (`mma_smem` in attn_mma.cu, which checks it): K and V tiles of
-/// 16 × warps keys, the staged queries or the scores, and P.
+/// 16 × warps keys, the staged queries and P.
 fn mma_smem(d: usize, mt: usize) -> usize {
     let (kt, nv, pad) = (16 * mma_warps(d) as usize, 16 * mt, d + 8);
-    2 * kt * pad * 2 + (nv * pad * 2).max(nv * (kt + 4) * 4) + nv * (kt + 8) * 2
+    2 * kt * pad * 2 + nv * pad * 2 + nv * (kt + 8) * 2
 }
 
 /// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each

@@ -17,11 +17,10 @@
 //
 // Per split, K/V tiles of KT = 16 W keys stream through shared memory (cp.async, the next
 // tile's keys loading while this one's values are used). Warp w scores the tile's keys
-// 16 w .. 16 w + 15 against every vector (S = Q K^T, mma; Q's fragments held in registers)
-// into shared memory; four threads a vector then take its online softmax over the tile (KT / 4
-// keys each; maxima and sums over the four in one order) and write P (rounded to T, as
-// FlashAttention does); warp w accumulates O += P V for its slice of the D
-// dimensions over all the tile's keys. At the split's end each warp writes its slice: a
+// 16 w .. 16 w + 15 against every vector (S = Q K^T, mma),
+// the warps' row maxima and sums of P meet in shared memory (taken in warp order), P (rounded
+// to T, as FlashAttention does) goes to shared memory, and warp w accumulates O += P V for
+// its slice of the D dimensions over all the tile's keys. At the split's end each warp writes its slice: a
 // vector whose visible keys lie in this one split its output, else its partial row; the last
 // block of the (chunk, kv head) to finish combines the partial rows.
 //
@@ -29,18 +28,15 @@
 // of which it sees leave its running state exactly as it was (scale 1, products of zero), rows
 // of a tile it does not see are multiplied by zero (cache rows no vector of the block sees
 // are loaded as zeros, never as stale bytes), an mma's output row depends on its own input
-// row only, and a vector's softmax is taken by the same four threads in the same order in
-// every block. So a verification row is bitwise the decode step of its position, whatever
+// row only, and a vector's maxima and sums are taken in the same order in every block. So a verification row is bitwise the decode step of its position, whatever
 // the other rows and heads of its block, and whatever MT.
 //
-// Dynamic shared memory (`mma_smem` bytes, checked): K and V tiles [KT][D + 8], one region
-// that holds the staged queries [NV][D + 8] until their fragments are in registers and S
-// [NV][KT + 4] (floats) after, and P [NV][KT + 8].
+// Dynamic shared memory (`mma_smem` bytes, checked): K and V tiles [KT][D + 8], the staged
+// queries [NV][D + 8] and P [NV][KT + 8].
 template <int D> __host__ __device__ constexpr int mma_warps() { return D == 256 ? 4 : 8; }
 template <int D, int MT> __host__ __device__ constexpr int mma_smem() {
   constexpr int KT = 16 * mma_warps<D>(), NV = 16 * MT, PAD = D + 8;
-  constexpr int q = NV * PAD * 2, sp = NV * (KT + 4) * 4;
-  return 2 * KT * PAD * 2 + (q > sp ? q : sp) + NV * (KT + 8) * 2;
+  return 2 * KT * PAD * 2 + NV * PAD * 2 + NV * (KT + 8) * 2;
 }
 template <typename T, int D, int MT, bool ROPE, bool RING>
 __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
@@ -53,13 +49,11 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   constexpr int NV = 16 * MT;
   constexpr int KT = 16 * W;       // keys a tile
   constexpr int PAD = D + 8;       // row stride of the K/V tiles and staged queries
-  constexpr int SP = KT + 4;       // row stride of S (floats)
   constexpr int KS = D / 16;       // k-steps of Q K^T
   constexpr int NTW = D / 8 / W;   // n-tiles of O a warp
   constexpr int HALF = D / 2;
-  constexpr int SK = KT / 4;       // keys of a tile a softmax thread takes
   constexpr float LOG2E = 1.4426950408889634f;
-  static_assert(NTW >= 1 && KT % 64 == 0 && W * 32 >= 4 * NV, "tile shape");
+  static_assert(NTW >= 1 && KT % 64 == 0, "tile shape");
   extern __shared__ __align__(16) unsigned char smem[];
   {
     unsigned have;
@@ -70,11 +64,8 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   T(*vsm)[PAD] = reinterpret_cast<T(*)[PAD]>(smem + KT * PAD * sizeof(T));
   unsigned char *region = smem + 2 * KT * PAD * sizeof(T);
   T(*sq)[PAD] = reinterpret_cast<T(*)[PAD]>(region);
-  float(*ss)[SP] = reinterpret_cast<float(*)[SP]>(region);
   constexpr int PP = KT + 8;  // row stride of P
-  T(*sp)[PP] = reinterpret_cast<T(*)[PP]>(
-      region + (NV * PAD * 2 > NV * SP * 4 ? NV * PAD * 2 : NV * SP * 4));
-  __shared__ float m_run[NV], l_run[NV], corr_s[NV];
+  T(*sp)[PP] = reinterpret_cast<T(*)[PP]>(region + NV * PAD * sizeof(T));
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, grp = lane / 4, tig = lane % 4;
   const int kvh = blockIdx.y;
@@ -241,26 +232,18 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     }
   }
   __syncthreads();
-  // Q's A fragments into registers; the staging region becomes S / P.
-  uint32_t qa[MT][KS][4];
+  // This thread's rows of the m16 tiles: vectors mt * 16 + grp + 8 r, and what each sees.
+  int r_qp[MT][2], r_lo[MT][2];
+  bool r_ok[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int st = 0; st < KS; ++st) {
-      const T *p = &sq[mt * 16 + grp][st * 16 + 2 * tig];
-      qa[mt][st][0] = *reinterpret_cast<const uint32_t *>(p);
-      qa[mt][st][1] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD);
-      qa[mt][st][2] = *reinterpret_cast<const uint32_t *>(p + 8);
-      qa[mt][st][3] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD + 8);
+    for (int r = 0; r < 2; ++r) {
+      const int vec = mt * 16 + grp + 8 * r;
+      r_ok[mt][r] = vec < nv;
+      r_qp[mt][r] = qpos_of(min(vec, nv - 1));
+      r_lo[mt][r] = vis_of(r_qp[mt][r]);
     }
-  __syncthreads();
-
-  // The softmax's four threads a vector: vector sv, keys SK sq4 .. SK sq4 + SK - 1 of a tile,
-  // and what it sees.
-  const int sv = threadIdx.x / 4, sq4 = threadIdx.x % 4;
-  const bool s_on = sv < NV;
-  const bool s_ok = sv < nv;
-  const int s_qp = qpos_of(s_ok ? sv : nv - 1), s_lo = vis_of(s_qp);
   // Whether key index (a ring's: slot) j is one the query at qp sees from `lo` on.
   const auto sees = [&](int j, int qp, int lo) {
     if (RING) return (j - lo % ring + ring) % ring < qp + 1 - lo;
@@ -275,6 +258,8 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     split_range(qpos_of(vec), vis_of(qpos_of(vec)), f, en);
     any_multi |= en - f > 1;
   }
+  // Each warp's row maxima and sums of P over its 16 keys of a tile.
+  __shared__ float wmax[W][NV], wsum[W][NV];
   int mine = 0;  // splits this block wrote
   for (int vs = start; vs < end_u; vs += zs, ++mine) {
     const int split = RING && vs >= splits ? vs - splits : vs;
@@ -304,16 +289,16 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
         cp_async16(&dst[r][c], src + (long)(ok ? j : a) * D + c, ok);
       }
     };
-    float o[MT][NTW][4];
+    // O (this warp's n-tiles) and the running max (log2 units) and sum of this thread's rows
+    // (the same in every warp).
+    float o[MT][NTW][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int n = 0; n < NTW; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    if (s_on && sq4 == 0) {
-      m_run[sv] = -INFINITY;
-      l_run[sv] = 0.f;
+      m[mt][0] = m[mt][1] = -INFINITY;
+      l[mt][0] = l[mt][1] = 0.f;
     }
-    __syncthreads();
     int a = next(RING ? s0 : s0 + (lo_b - s0) / KT * KT);
     if (a < s1) {
       load_tile(ks, kh, a);
@@ -325,80 +310,105 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
       const int an = next(a + KT);
       cp_async_wait<1>();  // K of this tile
       __syncthreads();
-      // S of this warp's 16 keys for every vector, into ss.
+      // S of this warp's 16 keys (n-tiles 0, 1) for every vector.
+      float sc[MT][2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float sc[MT][4];
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) sc[mt][0] = sc[mt][1] = sc[mt][2] = sc[mt][3] = 0.f;
-        const T *kr = &ks[warp * 16 + n * 8 + grp][2 * tig];
+        for (int n = 0; n < 2; ++n) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
 #pragma unroll
-        for (int st = 0; st < KS; ++st) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr + st * 16);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + st * 16 + 8);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma16816<T>(sc[mt], qa[mt][st], b0, b1);
-        }
+      for (int st = 0; st < KS; ++st) {
+        uint32_t qa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          const int col = warp * 16 + n * 8 + 2 * tig;
-          *reinterpret_cast<float2 *>(&ss[mt * 16 + grp][col]) = make_float2(sc[mt][0], sc[mt][1]);
-          *reinterpret_cast<float2 *>(&ss[mt * 16 + grp + 8][col]) =
-              make_float2(sc[mt][2], sc[mt][3]);
+          const T *p = &sq[mt * 16 + grp][st * 16 + 2 * tig];
+          qa[mt][0] = *reinterpret_cast<const uint32_t *>(p);
+          qa[mt][1] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD);
+          qa[mt][2] = *reinterpret_cast<const uint32_t *>(p + 8);
+          qa[mt][3] = *reinterpret_cast<const uint32_t *>(p + 8 * PAD + 8);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const T *kr = &ks[warp * 16 + n * 8 + grp][st * 16 + 2 * tig];
+          const uint32_t b0 = *reinterpret_cast<const uint32_t *>(kr);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t *>(kr + 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma16816<T>(sc[mt][n], qa[mt], b0, b1);
         }
       }
-      __syncthreads();  // S complete; every warp is done with ks
+      __syncthreads();  // every warp is done with ks
       if (an < s1) load_tile(ks, kh, an);
       cp_async_commit();
-      // Online softmax of vector sv over this tile: mask, softcap, max and sum over the
-      // quad's 4 x SK keys (S read twice: the max, then P), P rounded to T.
-      if (s_on) {
-        const auto logit = [&](int u) {
-          const int j = a + sq4 * SK + u;
-          float sc = ss[sv][sq4 * SK + u];
-          if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
-          return s_ok && j < s1 && sees(j, s_qp, s_lo) ? sc * LOG2E : -INFINITY;
-        };
-        float tmax = -INFINITY;
-#pragma unroll 8
-        for (int u = 0; u < SK; ++u) tmax = fmaxf(tmax, logit(u));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-        const float m_old = m_run[sv];
-        const float m_new = fmaxf(m_old, tmax);
-        const float corr = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
-        float sum = 0.f;
-        uint32_t *prow = reinterpret_cast<uint32_t *>(&sp[sv][sq4 * SK]);
-#pragma unroll 4
-        for (int u = 0; u < SK; u += 2) {
-          const float p0 = m_new == -INFINITY ? 0.f : exp2f(logit(u) - m_new);
-          const float p1 = m_new == -INFINITY ? 0.f : exp2f(logit(u + 1) - m_new);
-          sum += p0;
-          sum += p1;
-          prow[u / 2] = pack2<T>(p0, p1);
+      // Mask and softcap (log2 units); this warp's row maxima over its 16 keys.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float tm = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = a + warp * 16 + n * 8 + 2 * tig + e;
+              float x = sc[mt][n][2 * r + e];
+              if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
+              x = r_ok[mt][r] && j < s1 && sees(j, r_qp[mt][r], r_lo[mt][r]) ? x * LOG2E
+                                                                           : -INFINITY;
+              sc[mt][n][2 * r + e] = x;
+              tm = fmaxf(tm, x);
+            }
+          tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+          tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+          if (tig == 0) wmax[warp][mt * 16 + grp + 8 * r] = tm;
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (sq4 == 0) {
-          m_run[sv] = m_new;
-          l_run[sv] = l_run[sv] * corr + sum;
-          corr_s[sv] = corr;
+      __syncthreads();  // every warp's maxima
+      // The tile's row maxima (over the warps, in order), the new running max and its
+      // correction; P of this warp's keys (rounded to T) into shared memory, its row sums
+      // beside it.
+      float corr[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int vec = mt * 16 + grp + 8 * r;
+          float tm = -INFINITY;
+#pragma unroll
+          for (int w = 0; w < W; ++w) tm = fmaxf(tm, wmax[w][vec]);
+          const float m_new = fmaxf(m[mt][r], tm);
+          corr[mt][r] = m_new == -INFINITY ? 1.f : exp2f(m[mt][r] - m_new);
+          m[mt][r] = m_new;
+          float ps = 0.f;
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const float p0 = m_new == -INFINITY ? 0.f : exp2f(sc[mt][n][2 * r] - m_new);
+            const float p1 = m_new == -INFINITY ? 0.f : exp2f(sc[mt][n][2 * r + 1] - m_new);
+            ps += p0;
+            ps += p1;
+            *reinterpret_cast<uint32_t *>(&sp[vec][warp * 16 + n * 8 + 2 * tig]) =
+                pack2<T>(p0, p1);
+          }
+          ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+          ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+          if (tig == 0) wsum[warp][vec] = ps;
+#pragma unroll
+          for (int n = 0; n < NTW; ++n) {
+            o[mt][n][2 * r] *= corr[mt][r];
+            o[mt][n][2 * r + 1] *= corr[mt][r];
+          }
         }
-      }
       cp_async_wait<1>();  // V of this tile
-      __syncthreads();     // P, corr_s complete
-      // O (this warp's n-tiles) *= corr, += P V over the tile's keys.
+      __syncthreads();     // P and the warps' sums complete
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const float c0 = corr_s[mt * 16 + grp], c1 = corr_s[mt * 16 + grp + 8];
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-          o[mt][n][0] *= c0;
-          o[mt][n][1] *= c0;
-          o[mt][n][2] *= c1;
-          o[mt][n][3] *= c1;
+        for (int r = 0; r < 2; ++r) {
+          const int vec = mt * 16 + grp + 8 * r;
+          float ts = 0.f;
+#pragma unroll
+          for (int w = 0; w < W; ++w) ts += wsum[w][vec];
+          l[mt][r] = l[mt][r] * corr[mt][r] + ts;
         }
-      }
+      // O += P V over the tile's keys, this warp's n-tiles.
 #pragma unroll
       for (int kk = 0; kk < KT / 16; ++kk) {
         uint32_t pa[MT][4];
@@ -447,7 +457,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
         split_range(qp, vis_of(qp), f, en);
         const int own = RING && split < f ? split + splits : split;
         if (own < f || own >= en) continue;
-        const float M = m_run[vec], L = l_run[vec];
+        const float M = m[mt][r], L = l[mt][r];
         const long rh = (long)(qp - (len - t)) * heads + head_of(vec);
 #pragma unroll
         for (int n = 0; n < NTW; ++n) {
@@ -465,7 +475,6 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
           }
         }
       }
-    __syncthreads();  // m_run, l_run are the next split's
   }
   if (!any_multi) return;
 
@@ -495,19 +504,28 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     split_range(qp, vis_of(qp), f, en);
     n = en - f;
   };
-  const auto row_of = [&](int vec, int f, int s) {
+  // Vector vec's partial rows, and split f + s of them (a ring's wrapping past the last).
+  const auto rows_of = [&](int vec) {
     const long rh = (long)(qpos_of(vec) - (len - t)) * heads + head_of(vec);
+    return part + rh * splits * (D + 2);
+  };
+  const auto row_at = [&](const float *rows, int f, int s) {
     const int sp = RING && f + s >= splits ? f + s - splits : f + s;
-    return part + (rh * splits + sp) * (D + 2);
+    return rows + (long)sp * (D + 2);
   };
   {
     int fs[VPW], ns[VPW], nmax = 0;
+    const float *rows[VPW];
 #pragma unroll
     for (int j = 0; j < VPW; ++j) {
       const int vec = warp + j * W;
       fs[j] = 0;
       ns[j] = 0;
-      if (vec < nv) span(vec, fs[j], ns[j]);
+      rows[j] = part;
+      if (vec < nv) {
+        span(vec, fs[j], ns[j]);
+        rows[j] = rows_of(vec);
+      }
       nmax = max(nmax, ns[j]);
     }
     float M[VPW], L[VPW];
@@ -516,7 +534,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
     for (int s0 = 0; s0 < nmax; s0 += 32) {
 #pragma unroll
       for (int j = 0; j < VPW; ++j)
-        if (s0 + lane < ns[j]) M[j] = fmaxf(M[j], __ldcg(row_of(warp + j * W, fs[j], s0 + lane)));
+        if (s0 + lane < ns[j]) M[j] = fmaxf(M[j], __ldcg(row_at(rows[j], fs[j], s0 + lane)));
     }
 #pragma unroll
     for (int j = 0; j < VPW; ++j)
@@ -526,7 +544,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
       for (int j = 0; j < VPW; ++j)
         if (s0 + lane < ns[j]) {
-          const float *pr = row_of(warp + j * W, fs[j], s0 + lane);
+          const float *pr = row_at(rows[j], fs[j], s0 + lane);
           const float ms = __ldcg(pr);
           if (ms > -INFINITY) L[j] += __ldcg(pr + 1) * exp2f(ms - M[j]);
         }
@@ -546,6 +564,7 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   constexpr int G = IT < 8 ? IT : 8;
   for (int g0 = 0; g0 < IT; g0 += G) {
     int vecs[G], fs[G], ns[G], nmax = 0;
+    const float *rows[G];
     float2 acc[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -553,7 +572,11 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
       vecs[g] = i / PAIRS;
       fs[g] = 0;
       ns[g] = 0;
-      if (g0 + g < IT && vecs[g] < nv) span(vecs[g], fs[g], ns[g]);
+      rows[g] = part;
+      if (g0 + g < IT && vecs[g] < nv) {
+        span(vecs[g], fs[g], ns[g]);
+        rows[g] = rows_of(vecs[g]) + 2 + 2 * (i % PAIRS);
+      }
       if (ns[g] <= 1) ns[g] = 0;  // written from its one split, or past the vectors
       nmax = max(nmax, ns[g]);
       acc[g] = make_float2(0.f, 0.f);
@@ -565,10 +588,11 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
         for (int g = 0; g < G; ++g)
           if (s0 + u < ns[g]) {
+            // rows[g] points at the item's dimensions: m is 2 + e floats before them.
             const int e = 2 * ((threadIdx.x + (g0 + g) * W * 32) % PAIRS);
-            const float *pr = row_of(vecs[g], fs[g], s0 + u);
-            const float ms = __ldcg(pr);
-            const float2 x = __ldcg(reinterpret_cast<const float2 *>(pr + 2 + e));
+            const float *pr = row_at(rows[g], fs[g], s0 + u);
+            const float ms = __ldcg(pr - 2 - e);
+            const float2 x = __ldcg(reinterpret_cast<const float2 *>(pr));
             if (ms > -INFINITY) {
               const float w = exp2f(ms - cM[vecs[g]]);
               acc[g].x += x.x * w;
