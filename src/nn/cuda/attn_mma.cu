@@ -494,10 +494,14 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
   // Per vector: M, the largest m of its splits, and L = sum_s l_s exp2(m_s - M): warp w takes
   // vectors w, w + W, ... all at once (their loads in flight together), lanes over the
   // splits, each sum in one order. Then every thread sums acc_s exp2(m_s - M) over the splits
-  // in split order for its (vector, pair of dimensions) items, eight items and eight splits'
-  // loads in flight.
+  // in split order for its (vector, pair of dimensions) items, four items and eight splits'
+  // loads in flight (the weights of the first CW splits from shared memory).
   constexpr int VPW = NV / W;
   __shared__ float cM[NV], cL[NV];
+  // Weights of each vector's first CW splits, over the K tile (free once the splits are done).
+  constexpr int CW = 64;
+  static_assert(NV * CW * sizeof(float) <= KT * PAD * sizeof(T), "weights fit over ks");
+  float(*cw)[CW] = reinterpret_cast<float(*)[CW]>(smem);
   const auto span = [&](int vec, int &f, int &n) {
     const int qp = qpos_of(vec);
     int en;
@@ -556,12 +560,15 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
         cM[warp + j * W] = M[j];
         cL[warp + j * W] = L[j];
       }
+      // The first CW splits' weights exp2(m_s - M), for the sums below.
+      for (int s = lane; s < min(ns[j], CW); s += 32)
+        cw[warp + j * W][s] = exp2f(__ldcg(row_at(rows[j], fs[j], s)) - M[j]);
     }
   }
   __syncthreads();
   constexpr int PAIRS = D / 2;
   constexpr int IT = (NV * PAIRS + W * 32 - 1) / (W * 32);
-  constexpr int G = IT < 8 ? IT : 8;
+  constexpr int G = IT < 4 ? IT : 4;
   for (int g0 = 0; g0 < IT; g0 += G) {
     int vecs[G], fs[G], ns[G], nmax = 0;
     const float *rows[G];
@@ -591,13 +598,11 @@ __device__ void attn_mma(const T *__restrict__ q, const T *__restrict__ k,
             // rows[g] points at the item's dimensions: m is 2 + e floats before them.
             const int e = 2 * ((threadIdx.x + (g0 + g) * W * 32) % PAIRS);
             const float *pr = row_at(rows[g], fs[g], s0 + u);
-            const float ms = __ldcg(pr - 2 - e);
             const float2 x = __ldcg(reinterpret_cast<const float2 *>(pr));
-            if (ms > -INFINITY) {
-              const float w = exp2f(ms - cM[vecs[g]]);
-              acc[g].x += x.x * w;
-              acc[g].y += x.y * w;
-            }
+            const float w = s0 + u < CW ? cw[vecs[g]][s0 + u]
+                                        : exp2f(__ldcg(pr - 2 - e) - cM[vecs[g]]);
+            acc[g].x += x.x * w;
+            acc[g].y += x.y * w;
           }
     }
 #pragma unroll
