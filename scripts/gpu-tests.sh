@@ -48,7 +48,7 @@ one() {  # one <binary> <dtype> [filter...]
   line=$(echo "$out" | grep -E "^test result:" | tail -1)
   [ -n "$line" ] || line="no result line (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))"
   echo "$line" | tee -a "$log"
-  echo "| ${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }${SPECDEC_ATTN_MMA:+SPECDEC_ATTN_MMA=$SPECDEC_ATTN_MMA }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
+  echo "| ${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
   if [ $rc -ne 0 ]; then
     status=1
     echo "$out" | grep -E "panicked at|^---- |relative error|assert" | head -20 | sed 's/^/    /' >> "$report.failures"
@@ -84,10 +84,6 @@ SPECDEC_FUSED_ROPE=0 one decode_graphs bf16
 # The four-warp split-attention kernels (eight warps a block is the default at every length).
 SPECDEC_ATTN_WIDE_MIN_LEN=1000000000 one attention_kernels f32
 SPECDEC_ATTN_WIDE_MIN_LEN=1000000000 one decode_graphs bf16
-# Half precision on the CUDA-core split kernel (the default runs bf16 / f16 attention of head
-# widths up to 128 on tensor cores): its rows bitwise alone, and recorded steps.
-SPECDEC_ATTN_MMA=0 one attention_kernels f32
-SPECDEC_ATTN_MMA=0 one decode_graphs bf16
 # Recorded steps without the early-value kernels (`_hv`, the default for d <= 64 where the
 # grid is one wave).
 SPECDEC_ATTN_EARLY_VALUES=0 one decode_graphs f32

@@ -61,10 +61,6 @@ pub struct EngineOptions {
     pub bias_fold: bool,
     /// Most warps per block of the tensor-core GEMV: 8, 16 (default) or 32.
     pub gemv_max_warps: usize,
-    /// bf16 / f16 split attention of head widths up to 128 runs on tensor cores, the rows
-    /// and heads of a kv head's group sharing each K/V tile (default on; off: the CUDA-core
-    /// kernel, which reads the cache once per row).
-    pub attn_mma: bool,
     /// The split attention combines a row's 2–8 splits in one thread block cluster on
     /// compute capability 9.0 or newer (default on).
     pub attn_cluster: bool,
@@ -110,7 +106,6 @@ const DEFAULTS: EngineOptions = EngineOptions {
     silu_gate: true,
     bias_fold: true,
     gemv_max_warps: 16,
-    attn_mma: true,
     attn_cluster: true,
     attn_early_values: true,
     attn_grouped_min_rows: 2,
@@ -230,9 +225,8 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 24);
+        assert_eq!(keys.len(), 23);
         assert!(keys.iter().any(|k| k == "queued_verify"));
-        assert!(keys.iter().any(|k| k == "attn_mma"));
         assert!(keys.iter().any(|k| k == "bias_fold"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));

@@ -170,36 +170,6 @@ fn heads_per_block(
     }
 }
 
-/// Whether [`SplitAttention`] runs on tensor cores (attn_mma.cu): bf16 / f16 (`name`), head
-/// widths 64, 128 and 256, compute capability 8.0 or newer, and the option `attn_mma`. The
-/// choice never depends on the rows or the cache's length: the tensor-core kernel rounds
-/// differently from the CUDA-core one, and a verification row must stay bitwise the decode
-/// step of its position.
-fn mma_applies(o: &EngineOptions, dev: &CudaDevice, name: &str, d: usize) -> bool {
-    o.attn_mma
-        && matches!(name, "bf16" | "f16")
-        && matches!(d, 64 | 128 | 256)
-        && super::launch::compute_major(dev) >= 8
-}
-
-/// Warps a block of the tensor-core split kernel over head width `d` (`mma_warps` in
-/// attn_mma.cu).
-fn mma_warps(d: usize) -> u32 {
-    if d == 256 {
-        4
-    } else {
-        8
-    }
-}
-
-/// Dynamic shared memory of the tensor-core split kernel over head width `d` with `mt` m16
-/// tiles of query vectors (`mma_smem` in attn_mma.cu, which checks it): K and V tiles of
-/// 16 × warps keys, the staged queries and P.
-fn mma_smem(d: usize, mt: usize) -> usize {
-    let (kt, nv, pad) = (16 * mma_warps(d) as usize, 16 * mt, d + 8);
-    2 * kt * pad * 2 + nv * pad * 2 + nv * (kt + 8) * 2
-}
-
 /// Whether the fused eight-warp split kernel over 2 to [`CLUSTER_SPLITS`] splits runs each
 /// row's splits as one thread block cluster that combines them in distributed shared memory
 /// (the `_cl` kernels): compute capability 9.0 or newer and the option `attn_cluster`. The
@@ -366,19 +336,14 @@ impl SplitAttention {
             );
         }
         let fused = if self.rope.is_some() { "_rope" } else { "" };
-        let ring_name = if self.ring.is_some() { "_ring" } else { "" };
-        let mma = mma_applies(&o, dev, name, d);
         // Eight warps a block from `attn_wide_min_len` keys (0: always).
-        let (warps, wide) = if mma {
-            (mma_warps(d), "")
-        } else if reach >= o.attn_wide_min_len {
+        let (warps, wide) = if reach >= o.attn_wide_min_len {
             (WIDE_WARPS, "_w8")
         } else {
             (WARPS, "")
         };
         // The row's splits as one cluster (no partial sums in global memory).
-        let cluster = !mma
-            && !fused.is_empty()
+        let cluster = !fused.is_empty()
             && self.ring.is_none()
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
@@ -394,15 +359,8 @@ impl SplitAttention {
         let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
 
         let hb = heads_per_block(&o, group, t, reach, warps);
-        // The tensor-core kernel's blocks take 16 or 32 of the t * group (row, head) pairs
-        // of a kv head (`_m1`, `_m2`; 16 at d = 256).
-        let mt = if t * group <= 16 || d == 256 { 1 } else { 2 };
         let grid = (
-            if mma {
-                (t * group).div_ceil(16 * mt) as u32
-            } else {
-                (t * group.div_ceil(hb)) as u32
-            },
+            (t * group.div_ceil(hb)) as u32,
             kv_heads as u32,
             live.min(SPLIT_BLOCKS) as u32,
         );
@@ -411,8 +369,7 @@ impl SplitAttention {
         // (its extra registers would cost blocks an SM otherwise; at d = 128 and over grids of
         // several waves it was slower). The same arithmetic either way.
         let blocks = (grid.0 * grid.1 * grid.2) as usize;
-        let hv = if !mma
-            && !fused.is_empty()
+        let hv = if !fused.is_empty()
             && warps == WIDE_WARPS
             && d <= 64
             && o.attn_early_values
@@ -422,15 +379,14 @@ impl SplitAttention {
         } else {
             ""
         };
-        let kernel = if mma {
-            format!("attn_mma_{name}_d{d}_m{mt}{ring_name}{fused}")
-        } else {
-            format!(
-                "attn_split_{name}_d{d}_h{hb}{wide}{ring_name}{fused}{hv}{}",
+        let mut l = Launch::new(
+            dev,
+            &format!(
+                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}",
+                if self.ring.is_some() { "_ring" } else { "" },
                 if cluster { "_cl" } else { "" }
-            )
-        };
-        let mut l = Launch::new(dev, &kernel)?;
+            ),
+        )?;
         if cluster {
             // grid.2 = live (≤ CLUSTER_SPLITS < SPLIT_BLOCKS): one cluster a (row, head
             // block), its block z taking split z; no step of the launch sees a split past
@@ -535,17 +491,10 @@ impl SplitAttention {
                 }
             }
         }
-        let shared_mem_bytes = if mma {
-            let bytes = mma_smem(d, mt);
-            l.dynamic_smem(bytes)?;
-            bytes as u32
-        } else {
-            0
-        };
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes,
+            shared_mem_bytes: 0,
         };
         // SAFETY: the argument list matches `attn_split` in attn_split.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and

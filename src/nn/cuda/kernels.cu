@@ -13,13 +13,11 @@
 // diagnostics globals; build.rs compiles this file):
 //   common.cuh      conversions, loads, warp sums, pdl_begin, L2 prefetch, mma helpers
 //   attn_split.cu   split attention of decode and verification steps
-//   attn_mma.cu     the same on tensor cores, a block's rows sharing each K/V tile
 //   prefill.cu      causal softmax of prefill chunks, flash attention
 //   gemv.cu         GEMVs (CUDA cores, tensor cores with folds)
 //   elementwise.cu  RoPE + K/V store, SiLU·up, add + RMSNorm, row argmax
 #include "common.cuh"
 #include "attn_split.cu"
-#include "attn_mma.cu"
 #include "prefill.cu"
 #include "gemv.cu"
 #include "elementwise.cu"

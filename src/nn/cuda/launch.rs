@@ -105,22 +105,6 @@ impl Launch {
         self
     }
 
-    /// Lets the kernel take `bytes` of dynamic shared memory (past the 48 KB a launch gets
-    /// without asking), with the SM's whole unified L1 / shared memory carved out as shared
-    /// memory (so that as many blocks fit an SM as the bytes allow); the launch's config must
-    /// then pass them.
-    pub(super) fn dynamic_smem(&mut self, bytes: usize) -> candle_core::Result<&mut Self> {
-        let bytes = i32::try_from(bytes)
-            .map_err(|_| candle_core::Error::Msg(format!("{bytes} bytes of shared memory")))?;
-        use sys::CUfunction_attribute::{
-            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC,
-            CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT as CARVEOUT,
-        };
-        self.func.set_attribute(MAX_DYNAMIC, bytes).w()?;
-        self.func.set_attribute(CARVEOUT, 100).w()?;
-        Ok(self)
-    }
-
     /// A device buffer (a slice or a view) as a pointer parameter.
     pub(super) fn ptr<T>(&mut self, p: &impl DevicePtr<T>) -> &mut Self {
         // Event tracking is off on specdec's devices (one stream; `open_cuda`): the guard
