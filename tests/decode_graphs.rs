@@ -10,7 +10,7 @@
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
 //! shipped draft (full attention), the shipped target (sliding-window layers: rings attended
 //! in place, wrapped many times; slack strategy, and staged, whose steps inside a speculation
-//! take the ordinary path), a random Gemma 3 of head width 32 (five ring layers and a
+//! write their K/V to the side buffer the kernel reads after the ring), a random Gemma 3 of head width 32 (five ring layers and a
 //! full-attention one in each step; both strategies) and the Qwen3 fixture (q/k norms, which
 //! recorded steps apply inside the split attention). The run without graphs also runs the
 //! products unfolded (`gemv_fold` off: in half precision the recorded run's norms,
@@ -77,8 +77,8 @@ fn graph_steps_equal_ordinary_steps() {
     // model.
     let qwen3 = tempfile::tempdir().expect("temp dir");
     fixture_with_positions("qwen3", qwen3.path(), 1024);
-    // The rings under both strategies: the staged strategy's one-token steps outside a
-    // speculation are recorded too (inside one its K/V go beside the ring: ordinary path).
+    // The rings under both strategies: the staged strategy's steps are recorded inside a
+    // speculation too (its K/V go to the side buffer beside the ring, read in place).
     let (slack, staged) = (
         RotatingStrategy::Slack { max_draft: 8 },
         RotatingStrategy::Staged,
@@ -218,6 +218,12 @@ fn graph_steps_equal_ordinary_steps() {
             let censuses = model.graph_censuses();
             eprintln!("{label}: recordings (rows, census): {censuses:?}");
             assert!(!censuses.is_empty(), "{label}: no census was counted");
+            // Blocks of 5 rows run only inside speculations (the last ones of the run are
+            // among the recordings kept): recorded on every cache kind and strategy.
+            assert!(
+                censuses.iter().any(|(rows, _)| *rows == 5),
+                "{label}: no verification block inside a speculation was recorded"
+            );
             // The draft's layers run our kernels only; the others' steps also run candle's
             // ops where theirs are not folded (Gemma's sandwich norms, its GELU), ordinary
             // launches by design.

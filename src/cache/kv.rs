@@ -7,6 +7,7 @@ use super::attend::Attend;
 use super::buffer::{cat_seq, seq_len, KvBuf};
 use super::error::CacheError;
 use super::mask::Mask;
+use super::rotating::InPlace;
 use super::tree::path_moves;
 use super::tree::TokenTree;
 use crate::error::Result;
@@ -160,7 +161,7 @@ impl KvCache {
     /// id; the caller writes slots `[offset, offset + t)` and then calls [`Self::advance`].
     /// `None` while the cache has no buffer yet or a token tree is open (the mask then needs
     /// the cache's help).
-    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<(Tensor, Tensor, u64)>> {
+    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<InPlace>> {
         if self.tree.is_some() {
             return Ok(None);
         }
@@ -169,7 +170,12 @@ impl KvCache {
         };
         let like = buf.k.clone();
         self.ensure_capacity(&like, self.offset + t)?;
-        Ok(self.buf.as_ref().map(|b| (b.k.clone(), b.v.clone(), b.id)))
+        Ok(self.buf.as_ref().map(|b| InPlace {
+            k: b.k.clone(),
+            v: b.v.clone(),
+            id: b.id,
+            tail: None,
+        }))
     }
 
     /// Counts `t` tokens written into the slots [`Self::reserve`] made room for.

@@ -31,7 +31,7 @@ pub use model::{
     ModelCache, Speculation,
 };
 pub use prefix::PrefixStore;
-pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
+pub use rotating::{InPlace, RotatingKvCache, RotatingSnapshot, RotatingStrategy, StagedTail};
 pub use tree::TokenTree;
 
 pub(crate) use tree::path_moves;

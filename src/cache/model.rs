@@ -7,6 +7,7 @@ use super::attend::Attend;
 use super::error::CacheError;
 use super::kv::KvCache;
 use super::kv::KvSnapshot;
+use super::rotating::InPlace;
 use super::rotating::RotatingKvCache;
 use super::rotating::RotatingSnapshot;
 use super::tree::TokenTree;
@@ -301,9 +302,10 @@ impl ModelCache {
     /// is open, makes room for them and returns each layer's whole buffers
     /// `[b, h, capacity, d]` and allocation id; the forward writes positions
     /// `[offset, offset + t)` (a KV cache's slots of the same index, a ring's modulo its
-    /// capacity) and the caller then calls [`Self::advance`]. `None` otherwise (the forward
+    /// capacity, a staged ring's inside a speculation into its side buffer, the
+    /// [`InPlace::tail`]) and the caller then calls [`Self::advance`]. `None` otherwise (the forward
     /// takes the ordinary path).
-    pub fn reserve_in_place(&mut self, t: usize) -> Result<Option<Vec<(Tensor, Tensor, u64)>>> {
+    pub fn reserve_in_place(&mut self, t: usize) -> Result<Option<Vec<InPlace>>> {
         if self.poisoned {
             return Err(CacheError::Poisoned.into());
         }
@@ -504,10 +506,7 @@ impl ModelCache {
 
 /// [`ModelCache::reserve_in_place`] over a run of `layers` (one rank's of a split model's
 /// cache, see [`ModelCache::layers_mut`]).
-pub fn reserve_layers(
-    layers: &mut [LayerCache],
-    t: usize,
-) -> Result<Option<Vec<(Tensor, Tensor, u64)>>> {
+pub fn reserve_layers(layers: &mut [LayerCache], t: usize) -> Result<Option<Vec<InPlace>>> {
     let mut out = Vec::with_capacity(layers.len());
     for layer in layers {
         let bufs = match layer {

@@ -43,15 +43,50 @@ pub struct RotatingKvCache {
     /// No position below `lo` is known to be intact (after rewinds, restores, gaps).
     lo: usize,
     spec: Option<Spec>,
+    /// Staged strategy only: the side buffer a speculation's K/V are written to, position
+    /// `base + i` in slot `i` (`offset - base` of them while a speculation is open); kept
+    /// between speculations, grown when a longer one needs it, so that a step written in
+    /// place (a replayed CUDA graph) finds it where it was recorded.
+    side: Option<KvBuf>,
 }
 
 #[derive(Debug)]
 struct Spec {
     base: usize,
-    /// Staged strategy only: K/V appended since `base`, `[b, h, offset - base, d]`.
-    staged: Option<(Tensor, Tensor)>,
     /// The tree the block follows (block position `base + i` holds node `i`).
     tree: Option<Arc<TokenTree>>,
+}
+
+/// Slots a staged side buffer grows by.
+const SIDE_STEP: usize = 16;
+
+/// A layer's cache buffers for a step whose attention writes its K/V itself (a replayed
+/// CUDA graph; see [`crate::cache::ModelCache::reserve_in_place`]).
+#[derive(Debug, Clone)]
+pub struct InPlace {
+    /// The layer's whole buffers `[b, h, capacity, d]`: an unbounded cache's slots, or a
+    /// ring (position `p` in slot `p % capacity`).
+    pub k: Tensor,
+    /// Values, shaped like `k`.
+    pub v: Tensor,
+    /// Allocation id of `k` and `v`: a recording against them is valid while it is unchanged.
+    pub id: u64,
+    /// A staged ring inside a speculation: the step's K/V go to the side buffer instead.
+    pub tail: Option<StagedTail>,
+}
+
+/// The side buffer of a staged ring inside a speculation, for a step written in place: the
+/// positions from `base` on live in its slots `0, 1, ...`, the ring holds those below.
+#[derive(Debug, Clone)]
+pub struct StagedTail {
+    /// The side buffer `[b, h, slots, d]`.
+    pub k: Tensor,
+    /// Values, shaped like `k`.
+    pub v: Tensor,
+    /// Allocation id of the side buffer.
+    pub id: u64,
+    /// Positions it holds after the step (the speculation's so far plus the step's).
+    pub len: usize,
 }
 
 /// Owned copy of the last `window` tokens of a [`RotatingKvCache`], labelled with the range
@@ -123,6 +158,7 @@ impl RotatingKvCache {
             offset: 0,
             lo: 0,
             spec: None,
+            side: None,
         })
     }
 
@@ -172,28 +208,99 @@ impl RotatingKvCache {
         pos.saturating_sub(self.window - 1)
     }
 
-    /// For a forward that writes K/V into the ring itself (a replayed CUDA graph): the ring's
-    /// buffers `[b, h, capacity, d]` and allocation id when a step of `t` tokens can write
-    /// positions `[offset, offset + t)` into slots `p % capacity` and attend over the ring in
-    /// place, every position its queries see intact; the caller then calls
-    /// [`Self::advance`]. `None` sends the step down the ordinary path (which also reports
-    /// what is wrong): the staged strategy inside a speculation (its speculative K/V live
-    /// beside the ring; outside one, its ring of `window` slots takes one-token steps), a
-    /// tree, no ring yet, a block too long for the ring or the open speculation, or stale
-    /// positions inside the window.
-    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<(Tensor, Tensor, u64)>> {
-        if (self.strategy == RotatingStrategy::Staged && self.spec.is_some()) || t == 0 {
+    /// For a forward that writes K/V itself (a replayed CUDA graph): the ring's buffers
+    /// `[b, h, capacity, d]` and allocation id when a step of `t` tokens can attend over the
+    /// ring in place, every position its queries see intact, and write positions
+    /// `[offset, offset + t)` into slots `p % capacity` — or, for the staged strategy inside
+    /// a speculation, into the side buffer (grown here if need be), returned as the
+    /// [`InPlace::tail`]; the caller then calls [`Self::advance`]. `None` sends the step down
+    /// the ordinary path (which also reports what is wrong): a tree, no ring yet, a block too
+    /// long for the ring (outside a staged speculation, whose ring of `window` slots takes
+    /// one-token steps) or the open speculation, or stale positions inside the window.
+    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<InPlace>> {
+        if t == 0 || self.lo > self.needed_from(self.offset) {
             return Ok(None);
         }
-        if let Some(spec) = &self.spec {
-            if spec.tree.is_some() || self.offset + t - spec.base > self.max_speculative() {
-                return Ok(None);
+        let Some(ring) = &self.ring else {
+            return Ok(None);
+        };
+        let (k, v, id) = (ring.k.clone(), ring.v.clone(), ring.id);
+        let Some(spec) = &self.spec else {
+            return Ok((t + self.window - 1 <= self.capacity).then_some(InPlace {
+                k,
+                v,
+                id,
+                tail: None,
+            }));
+        };
+        let staged = self.offset + t - spec.base;
+        if spec.tree.is_some() || staged > self.max_speculative() {
+            return Ok(None);
+        }
+        if self.strategy != RotatingStrategy::Staged {
+            return Ok((t + self.window - 1 <= self.capacity).then_some(InPlace {
+                k,
+                v,
+                id,
+                tail: None,
+            }));
+        }
+        // The queries see the ring's positions below the base (all intact: `lo` is checked
+        // above and the ring holds the `window` before the base) and the side buffer's.
+        self.ensure_side(&k, staged)?;
+        let side = self.side.as_ref().ok_or_else(no_ring)?;
+        let tail = StagedTail {
+            k: side.k.clone(),
+            v: side.v.clone(),
+            id: side.id,
+            len: staged,
+        };
+        Ok(Some(InPlace {
+            k,
+            v,
+            id,
+            tail: Some(tail),
+        }))
+    }
+
+    /// Makes the side buffer fit `like` with room for `needed` slots, keeping the open
+    /// speculation's staged K/V (an error when they are of another shape than `like`).
+    fn ensure_side(&mut self, like: &Tensor, needed: usize) -> Result<()> {
+        let kept = self.staged_len();
+        let capacity = needed.div_ceil(SIDE_STEP) * SIDE_STEP;
+        self.side = match self.side.take() {
+            Some(side) if side.fits(like) && side.capacity() >= needed => Some(side),
+            Some(side) if side.fits(like) => Some(side.grown(capacity, kept)?),
+            Some(side) if kept > 0 => {
+                let dims = side.k.dims().to_vec();
+                self.side = Some(side);
+                return Err(CacheError::BadInput(format!(
+                    "k {:?} {:?} does not match the staged K/V {dims:?}",
+                    like.dims(),
+                    like.dtype()
+                ))
+                .into());
             }
+            _ => Some(KvBuf::zeros_like(like, capacity)?),
+        };
+        Ok(())
+    }
+
+    /// Tokens of the open staged speculation (0 for slack, or outside a speculation).
+    fn staged_len(&self) -> usize {
+        match &self.spec {
+            Some(spec) if self.strategy == RotatingStrategy::Staged => self.offset - spec.base,
+            _ => 0,
         }
-        if t + self.window - 1 > self.capacity || self.lo > self.needed_from(self.offset) {
-            return Ok(None);
+    }
+
+    /// The open staged speculation's K/V, `[b, h, staged_len, d]` views of the side buffer;
+    /// `None` when there are none.
+    fn staged_kv(&self) -> Result<Option<(Tensor, Tensor)>> {
+        match (&self.side, self.staged_len()) {
+            (Some(side), n) if n > 0 => Ok(Some(side.view(0, n)?)),
+            _ => Ok(None),
         }
-        Ok(self.ring.as_ref().map(|r| (r.k.clone(), r.v.clone(), r.id)))
     }
 
     /// Counts `t` tokens written into the ring by a step [`Self::reserve`] allowed.
@@ -287,10 +394,11 @@ impl RotatingKvCache {
     fn append_staged(&mut self, k: &Tensor, v: &Tensor, q: usize) -> Result<Attend> {
         let base = self.ring_end();
         let held_lo = self.held_lo();
-        let spec = self.spec.as_mut().ok_or(CacheError::SpeculationOpen)?;
-        let new = (k.clone(), v.clone());
-        spec.staged = cat_seq(&[spec.staged.as_ref(), Some(&new)])?;
-        let staged = spec.staged.clone().ok_or_else(no_ring)?;
+        let n = self.staged_len();
+        self.ensure_side(k, n + q)?;
+        let side = self.side.as_ref().ok_or_else(no_ring)?;
+        side.write(n, k, v)?;
+        let staged = side.view(0, n + q)?;
         let end = self.offset + q;
         let queries = self.offset..end;
         self.offset = end;
@@ -541,17 +649,10 @@ impl RotatingKvCache {
 
     /// An independent copy: later writes to either do not show in the other.
     pub fn deep_clone(&self) -> Result<Self> {
-        let copy_pair = |(k, v): &(Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
-            Ok((k.force_contiguous()?, v.force_contiguous()?))
-        };
-        let spec = match &self.spec {
-            None => None,
-            Some(s) => Some(Spec {
-                base: s.base,
-                staged: s.staged.as_ref().map(copy_pair).transpose()?,
-                tree: s.tree.clone(),
-            }),
-        };
+        let spec = self.spec.as_ref().map(|s| Spec {
+            base: s.base,
+            tree: s.tree.clone(),
+        });
         Ok(Self {
             window: self.window,
             capacity: self.capacity,
@@ -560,19 +661,14 @@ impl RotatingKvCache {
             offset: self.offset,
             lo: self.lo,
             spec,
+            side: self.side.as_ref().map(KvBuf::deep_clone).transpose()?,
         })
     }
 
-    /// Bytes held by the ring and the staged buffer.
+    /// Bytes held by the ring and the staged side buffer.
     pub fn allocated_bytes(&self) -> usize {
-        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let ring = self.ring.as_ref().map_or(0, |r| bytes(&r.k) + bytes(&r.v));
-        let staged = self
-            .spec
-            .as_ref()
-            .and_then(|s| s.staged.as_ref())
-            .map_or(0, |(k, v)| bytes(k) + bytes(v));
-        ring + staged
+        let bytes = |b: &KvBuf| b.k.elem_count() * b.k.dtype().size_in_bytes() * 2;
+        self.ring.as_ref().map_or(0, bytes) + self.side.as_ref().map_or(0, bytes)
     }
 
     // --- speculation (driven by `Speculation`) ---
@@ -580,7 +676,6 @@ impl RotatingKvCache {
     pub(crate) fn begin(&mut self) {
         self.spec = Some(Spec {
             base: self.offset,
-            staged: None,
             tree: None,
         });
     }
@@ -595,7 +690,8 @@ impl RotatingKvCache {
         let keep = n.min(self.offset - base);
         match self.strategy {
             RotatingStrategy::Staged => {
-                let staged = self.spec.take().and_then(|s| s.staged);
+                let staged = self.staged_kv()?;
+                self.spec = None;
                 self.offset = base;
                 if let (Some((k, v)), true) = (staged, keep > 0) {
                     let (k, v) = (k.narrow(2, 0, keep)?, v.narrow(2, 0, keep)?);

@@ -198,9 +198,8 @@ impl Attention {
     /// buffers `k_buf`, `v_buf: [1, kv, capacity, d]` (the caller made room and does the
     /// cache's bookkeeping). `reach`: the most keys any step replaying this one leaves in
     /// the cache (`cuda::split_reach`). `ring`: the buffers are a sliding-window ring
-    /// (position `p` in slot `p % capacity`) of this `(window, positions)`, `positions` the
-    /// sequence length after the step on the host (the RoPE table covers it; a longer
-    /// table is another recording), attended in place; it needs the fused RoPE (an error
+    /// (position `p` in slot `p % capacity`), attended in place ([`RingStep`]: a staged
+    /// speculation's K/V go to its side buffer); it needs the fused RoPE (an error
     /// otherwise). The kernel is not told the ring's stale positions: the caller reserved the
     /// step only where every position its queries see is intact. `prefetch`: the gate/up
     /// weight of the MLP
@@ -214,7 +213,7 @@ impl Attention {
         input: AttnInput,
         (k_buf, v_buf): (&Tensor, &Tensor),
         (len, reach): (&Tensor, usize),
-        ring: Option<(usize, usize)>,
+        ring: Option<RingStep<'_>>,
         prefetch: Option<&Tensor>,
     ) -> Result<Tensor> {
         // The split kernel takes the q/k norms where it fuses RoPE.
@@ -222,9 +221,7 @@ impl Attention {
         let fold_norms = fused && crate::engine::get().qk_norm_fold;
         let (q, k, v) = self.project(input, !fold_norms)?;
         let capacity = k_buf.dim(2)?;
-        let (cos, sin) = self
-            .rope
-            .table(ring.map_or(capacity, |(_, positions)| positions))?;
+        let (cos, sin) = self.rope.table(ring.map_or(capacity, |r| r.positions))?;
         if ring.is_some() && !fused {
             return Err(crate::error::Error::invalid(
                 "a ring's in-place step needs the fused RoPE (engine option fused_rope)",
@@ -263,11 +260,19 @@ impl Attention {
             (q, None)
         };
         let op = super::cuda::SplitAttention {
-            window: ring.map(|(window, _)| window),
+            window: ring.map(|r| r.window),
             softcap: self.softcap,
             len: Some((len.clone(), capacity, reach)),
             rope,
-            ring: ring.map(|_| super::cuda::RingKeys { end: 0, lo: 0 }),
+            ring: ring.map(|r| super::cuda::RingKeys {
+                end: 0,
+                lo: 0,
+                tail: r.tail.map(|tail| super::cuda::RingTail {
+                    k: tail.k.clone(),
+                    v: tail.v.clone(),
+                    n: tail.len,
+                }),
+            }),
         };
         let out = super::fused::made(q.apply_op3_no_bwd(k_buf, v_buf, &op)?); // [t, heads * d]
         self.output(&out, input)
@@ -600,4 +605,17 @@ fn causal_mask(
     // Hidden keys get -1e30, not -inf: exact zeros after the softmax, and no inf - inf
     // anywhere (a bf16 or f16 mask rounds it to -inf or a large negative value alike).
     Ok(Some(visible.affine(1e30, -1e30)?))
+}
+
+/// A sliding-window ring attended in place by [`Attention::forward_in_place`].
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingStep<'a> {
+    /// Tokens each query sees, itself included.
+    pub window: usize,
+    /// The sequence length after the step on the host: the RoPE table covers it (a longer
+    /// table is another recording).
+    pub positions: usize,
+    /// A staged speculation's side buffer, where the step's K/V go.
+    pub tail: Option<&'a crate::cache::StagedTail>,
 }

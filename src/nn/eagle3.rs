@@ -256,7 +256,7 @@ impl Eagle3Head {
         let Some(bufs) = cache.reserve_in_place(t)? else {
             return Ok(None);
         };
-        let (k, v, id) = &bufs[0];
+        let crate::cache::InPlace { k, v, id, .. } = &bufs[0];
         let len = (cache.offset() + t) as u32;
         let capacity = k.dim(2)?;
         let reach = super::cuda::split_reach(capacity, len as usize);

@@ -50,7 +50,11 @@ pub fn ring_attention(
             softcap,
             len: None,
             rope: None,
-            ring: Some(super::cuda::RingKeys { end, lo }),
+            ring: Some(super::cuda::RingKeys {
+                end,
+                lo,
+                tail: None,
+            }),
         };
         return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }

@@ -286,7 +286,7 @@ impl Decoder {
             return Ok(None);
         };
         let len = (offset + t) as u32;
-        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        let mut key = super::transformer::in_place_key(&bufs);
         let layers = self.graph_layers(&bufs, len, &mut key)?;
         let last = last && t > 1;
         let slot = 4 * t + usize::from(last);
@@ -301,10 +301,11 @@ impl Decoder {
             |ids, len, _| {
                 let mut input = Input::Embedded(self.embed_rows(ids, true)?);
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
-                for (((block, (k, v, _)), gate_up), (reach, ring)) in per_layer {
-                    let gate_up = *gate_up;
+                for (((block, buf), gate_up), (reach, ring)) in per_layer {
+                    let (gate_up, ring) = (*gate_up, super::transformer::ring_step(*ring, buf));
                     input = block.forward_sharded_with(input, reduce, |attn, input| {
-                        attn.forward_in_place(input, (k, v), (len, *reach), *ring, Some(gate_up))
+                        let kv = (&buf.k, &buf.v);
+                        attn.forward_in_place(input, kv, (len, *reach), ring, Some(gate_up))
                     })?;
                 }
                 // Ranks past 0 hand out their last stream (the recording's output).

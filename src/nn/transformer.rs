@@ -11,6 +11,8 @@ use super::profile;
 use super::shard::{AllReduce, Shard};
 use super::spec::LayerKind;
 use super::tokens::{DeviceTokens, StepIds};
+#[cfg(feature = "cuda")]
+use crate::cache::InPlace;
 use crate::cache::{
     KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy, DEFAULT_STEP,
 };
@@ -337,8 +339,8 @@ impl Decoder {
     /// a replayed CUDA graph (recorded on first use per block length for the cache's
     /// buffers), when graphs are on, the model runs on CUDA and every layer's cache takes
     /// the step in place (`ModelCache::reserve_in_place`: full-attention KV caches, and the
-    /// rings of sliding-window layers, attended where they lie: the slack strategy's always,
-    /// the staged strategy's for one-token steps outside a speculation);
+    /// rings of sliding-window layers, attended where they lie: the slack strategy's, and
+    /// the staged strategy's with its side buffer inside a speculation);
     /// `None` sends the caller down the ordinary path. The cache advances by the step on
     /// success.
     #[cfg(feature = "cuda")]
@@ -373,7 +375,7 @@ impl Decoder {
             return Ok(None);
         };
         let len = (cache.offset() + tokens.len()) as u32;
-        let mut key: Vec<u64> = bufs.iter().map(|(_, _, id)| *id).collect();
+        let mut key = in_place_key(&bufs);
         // A step that hands out hidden states is another recording per set of layers.
         let taps = cache.hidden_layers().map(<[usize]>::to_vec);
         if let Some(taps) = &taps {
@@ -394,11 +396,12 @@ impl Decoder {
                 let mut input = Input::Embedded(self.embed_rows(ids, true)?);
                 let mut tapped = Vec::new();
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
-                for (i, (((block, (k, v, _)), gate_up), (reach, ring))) in per_layer.enumerate() {
+                for (i, (((block, buf), gate_up), (reach, ring))) in per_layer.enumerate() {
                     tap(&taps, i, &input, &mut tapped)?;
-                    let gate_up = *gate_up;
+                    let (gate_up, ring) = (*gate_up, ring_step(*ring, buf));
                     input = block.forward_with(input, |attn, input| {
-                        attn.forward_in_place(input, (k, v), (len, *reach), *ring, Some(gate_up))
+                        let kv = (&buf.k, &buf.v);
+                        attn.forward_in_place(input, kv, (len, *reach), ring, Some(gate_up))
                     })?;
                 }
                 tap(&taps, self.blocks.len(), &input, &mut tapped)?;
@@ -447,13 +450,13 @@ impl Decoder {
     #[cfg(feature = "cuda")]
     pub(super) fn graph_layers(
         &self,
-        bufs: &[(Tensor, Tensor, u64)],
+        bufs: &[InPlace],
         len: u32,
         key: &mut Vec<u64>,
     ) -> Result<Vec<GraphLayer>> {
         let mut layers = Vec::with_capacity(self.blocks.len());
-        for ((block, kind), (k, _, _)) in self.blocks.iter().zip(&self.kinds).zip(bufs) {
-            let capacity = k.dim(2)?;
+        for ((block, kind), buf) in self.blocks.iter().zip(&self.kinds).zip(bufs) {
+            let capacity = buf.k.dim(2)?;
             let (reach, ring, positions) = match *kind {
                 LayerKind::Full => (
                     super::cuda::split_reach(capacity, len as usize),
@@ -523,6 +526,34 @@ impl Decoder {
 /// [`Decoder::graph_layers`]).
 #[cfg(feature = "cuda")]
 pub(super) type GraphLayer = (usize, Option<(usize, usize)>);
+
+/// The part of a recording's key that names the cache buffers `bufs` it writes: each layer's
+/// allocation, and a staged side buffer's with the positions it holds after the step (the
+/// kernel finds the ring's end from them and the device's length).
+#[cfg(feature = "cuda")]
+pub(super) fn in_place_key(bufs: &[InPlace]) -> Vec<u64> {
+    let mut key = Vec::with_capacity(bufs.len());
+    for buf in bufs {
+        key.push(buf.id);
+        if let Some(tail) = &buf.tail {
+            key.extend([u64::MAX - 1, tail.id, tail.len as u64]);
+        }
+    }
+    key
+}
+
+/// A recorded layer's ring (window, RoPE positions) over the buffers `buf` it writes.
+#[cfg(feature = "cuda")]
+pub(super) fn ring_step(
+    ring: Option<(usize, usize)>,
+    buf: &InPlace,
+) -> Option<super::attention::RingStep<'_>> {
+    ring.map(|(window, positions)| super::attention::RingStep {
+        window,
+        positions,
+        tail: buf.tail.as_ref(),
+    })
+}
 
 /// Keeps the residual stream entering layer `i` (`input`, its pending add made) when `taps`
 /// asks for it.

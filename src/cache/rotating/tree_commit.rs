@@ -36,7 +36,8 @@ impl RotatingKvCache {
         let base = spec.base;
         match self.strategy {
             RotatingStrategy::Staged => {
-                let staged = self.spec.take().and_then(|s| s.staged);
+                let staged = self.staged_kv()?;
+                self.spec = None;
                 self.offset = base;
                 if let (Some((k, v)), false) = (staged, path.is_empty()) {
                     let ids: Vec<u32> = path.iter().map(|&i| i as u32).collect();

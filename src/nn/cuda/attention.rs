@@ -1,6 +1,5 @@
-//! Attention kernels of decode and verification steps: split attention over a KV cache read
-//! in place, RoPE with the K/V store at positions read from the device (prefill blocks:
-//! `prefill.rs`).
+//! Split attention of decode and verification steps over a KV cache read in place (RoPE's
+//! own kernel: `rope_store.rs`; prefill blocks: `prefill.rs`).
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
@@ -100,9 +99,23 @@ pub struct RingKeys {
     pub end: usize,
     /// The oldest position held intact.
     pub lo: usize,
+    /// A staged ring inside a speculation (with [`SplitAttention::len`] and the fused RoPE):
+    /// its newest positions live in a side buffer, where the step writes its K/V.
+    pub tail: Option<RingTail>,
 }
 
-/// What [`SplitAttention`] needs to do [`RopeStore`]'s work itself: one kernel a layer
+/// The side buffer of [`RingKeys::tail`]: positions `len - n .. len` in its slots `0..n`,
+/// the ring holding those below.
+pub struct RingTail {
+    /// `[1, kv_heads, slots, d]`, slots ≥ `n`.
+    pub k: Tensor,
+    /// Values, shaped like `k`.
+    pub v: Tensor,
+    /// Positions it holds after the step (at least the step's rows).
+    pub n: usize,
+}
+
+/// What [`SplitAttention`] needs to do [`super::RopeStore`]'s work itself: one kernel a layer
 /// fewer in a decode or verification step.
 pub struct AttnRope {
     /// `[P, d / 2]` cosines (P covers every position of the cache).
@@ -114,7 +127,7 @@ pub struct AttnRope {
     pub k: Tensor,
     /// The step's values, `[t, kv_heads, d]` likewise.
     pub v: Tensor,
-    /// As [`RopeStore::prefetch`], from the attention kernel's prologue.
+    /// As [`super::RopeStore::prefetch`], from the attention kernel's prologue.
     pub prefetch: Option<Tensor>,
     /// The per-head q/k RMSNorms to apply before RoPE (Qwen3, Gemma 3): `q` and the step's
     /// keys are then the projection's output before the norms.
@@ -180,13 +193,13 @@ fn clusters(o: &EngineOptions, dev: &CudaDevice) -> bool {
 }
 
 /// Whether graph steps fuse RoPE and the K/V store into the split attention (the option
-/// `fused_rope`; off, [`RopeStore`]'s own kernel runs before it).
+/// `fused_rope`; off, [`super::RopeStore`]'s own kernel runs before it).
 pub fn fused_rope() -> bool {
     crate::engine::get().fused_rope
 }
 
 /// `[t, heads, d]` with heads `d` apart and contiguous elements: `(t, heads, d, row stride)`.
-fn head_rows(
+pub(super) fn head_rows(
     l: &Layout,
     op: &str,
     what: &str,
@@ -201,12 +214,12 @@ fn head_rows(
 }
 
 /// The gate and up halves of a weight to prefetch from, and the bytes of each.
-type PrefetchRanges<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, usize);
+pub(super) type PrefetchRanges<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, usize);
 
 /// The two halves' first `bytes / 2` bytes each of a gate/up weight `[2 * inter, hidden]` to
 /// prefetch into the L2 ([`prefetch_bytes`]), as views of `T` and the byte count: whole 16-byte vectors
 /// from 16-byte aligned starts (the bulk prefetch faults otherwise), or `None`.
-fn prefetch_ranges<'a, T: candle_core::cuda_backend::CudaDType>(
+pub(super) fn prefetch_ranges<'a, T: candle_core::cuda_backend::CudaDType>(
     guard: &'a Option<(candle_core::StorageRef<'a>, &'a Layout)>,
     bytes: usize,
 ) -> candle_core::Result<Option<PrefetchRanges<'a, T>>> {
@@ -306,7 +319,14 @@ impl SplitAttention {
         let (len_arg, ring) = match &self.ring {
             Some(r) => {
                 let window = self.window.unwrap_or(usize::MAX);
-                if window.saturating_add(t - 1) > len || (self.len.is_none() && r.end < t) {
+                // A tail holds the step's rows: the ring needs only the window before it.
+                let rows = if r.tail.is_some() { 0 } else { t };
+                if window.saturating_add(rows).saturating_sub(1) > len
+                    || (self.len.is_none() && r.end < t)
+                    || r.tail
+                        .as_ref()
+                        .is_some_and(|tl| self.len.is_none() || tl.n < t)
+                {
                     candle_core::bail!(
                         "split attention: {t} rows of window {window} over a ring of {len} slots ending at {}",
                         r.end
@@ -348,21 +368,24 @@ impl SplitAttention {
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
             && clusters(&o, dev);
+        // A ring's partial rows: one more, a staged tail's.
+        let prows = splits + usize::from(self.ring.is_some());
         // SAFETY: each live split block writes its partial row before the combine reads it;
         // splits without a visible key are never read.
         let part = if cluster {
             None
         } else {
-            Some(unsafe { super::op::out_alloc::<f32>(dev, t * heads * splits * (d + 2))? })
+            Some(unsafe { super::op::out_alloc::<f32>(dev, t * heads * prows * (d + 2))? })
         };
         // SAFETY: the last split block of each (row, head) writes its d outputs.
         let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
 
         let hb = heads_per_block(&o, group, t, reach, warps);
+        let tail = self.ring.as_ref().and_then(|r| r.tail.as_ref());
         let grid = (
             (t * group.div_ceil(hb)) as u32,
             kv_heads as u32,
-            live.min(SPLIT_BLOCKS) as u32,
+            (live + usize::from(tail.is_some())).min(SPLIT_BLOCKS) as u32,
         );
         // The fused eight-warp kernel over d <= 64 loads each tile's first value rows with its
         // keys (`_hv`, the option `attn_early_values`) where the grid is one wave of blocks
@@ -423,6 +446,32 @@ impl SplitAttention {
         l.val(self.window.unwrap_or(0) as i32);
         l.val(self.softcap.unwrap_or(0.0) as f32);
         l.val(ring.0).val(ring.1);
+        let tail_guards = tail.map(|tl| [tl.k.storage_and_layout(), tl.v.storage_and_layout()]);
+        let tail_views = match (tail, &tail_guards) {
+            (Some(tl), Some(g)) => {
+                let ([_, th, slots, td], ts) = dims4(g[0].1, "split attention", "tail k")?;
+                if g[1].1.dims() != g[0].1.dims()
+                    || g[1].1.stride() != g[0].1.stride()
+                    || (th, td) != (kv_heads, d)
+                    || ts[2] != d
+                    || slots < tl.n
+                    || self.rope.is_none()
+                {
+                    candle_core::bail!(
+                        "split attention: a tail of {} positions in {:?} does not fit {kv_heads} kv heads of {d} (with RoPE fused)",
+                        tl.n,
+                        g[0].1.dims()
+                    );
+                }
+                let (tk, tv) = (view::<T>(&g[0], "tail k")?, view::<T>(&g[1], "tail v")?);
+                l.ptr(&tk).ptr(&tv).val(ts[1] as i64).val(tl.n as i32);
+                Some((tk, tv))
+            }
+            _ => {
+                l.null().null().val(0i64).val(0i32);
+                None
+            }
+        };
         let rope_guards = self.rope.as_ref().map(|r| {
             [
                 r.k.storage_and_layout(),
@@ -468,7 +517,12 @@ impl SplitAttention {
             let (kn, vn) = (view::<T>(&g[0], "k")?, view::<T>(&g[1], "v")?);
             let (cos, sin) = (view::<T>(&g[2], "cos")?, view::<T>(&g[3], "sin")?);
             l.ptr(&kn).val(k_row as i64).ptr(&vn).val(v_row as i64);
-            l.ptr(&cos).ptr(&sin).ptr(&k).ptr(&v);
+            l.ptr(&cos).ptr(&sin);
+            // The step's K/V go to a staged tail where there is one.
+            match &tail_views {
+                Some((tk, tv)) => l.ptr(tk).ptr(tv),
+                None => l.ptr(&k).ptr(&v),
+            };
             match &pf {
                 Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
                 None => l.null().val(0i64).null().val(0i64),
@@ -499,8 +553,9 @@ impl SplitAttention {
         // SAFETY: the argument list matches `attn_split` in attn_split.cu; every index the
         // kernel forms stays inside q, k, v (shapes checked above), `part` and `out`, and
         // (row, head) < ATTN_COUNTERS; with RoPE fused, the slots written (through the same
-        // pointers `k`, `v`) lie below `len` ≤ `max_len` (a ring's: modulo its slots), the
-        // caller's room in the cache buffers, and the tables cover them (a ring's caller
+        // pointers `k`, `v`) lie below `len` ≤ `max_len` (a ring's: modulo its slots; a
+        // staged tail's: its last `n` ≤ slots), the caller's room in the cache buffers, and
+        // the tables cover them (a ring's caller
         // builds them for the step's positions); the prefetched ranges lie inside the weight's
         // two halves; the q/k norm weights hold `d` elements each.
         unsafe { l.run(cfg) }?;
@@ -527,117 +582,10 @@ pub fn split_attention_applies(q: &Tensor, k: &Tensor) -> bool {
     q.device().is_cuda() && matches!(d, 32 | 64 | 128 | 256) && aligned
 }
 
-/// RoPE of a block's queries and keys at the positions of the step, with the rotated keys
-/// and the values written into the cache buffers, the positions read from the device
-/// (`rope_store` in elementwise.cu): a replayed graph's step writes where its `len` says.
-///
-/// Inputs of [`CustomOp3`]: `q: [t, heads, d]`, `k`, `v: [t, kv_heads, d]` (rows may be
-/// strided, heads `d` apart). Output: `q` rotated, `[1, heads, t, d]`.
-pub struct RopeStore {
-    /// `[P, d / 2]` cosines (P covers every position of the cache).
-    pub cos: Tensor,
-    /// `[P, d / 2]` sines.
-    pub sin: Tensor,
-    /// `[1, kv_heads, capacity, d]` key buffer, written at slots `len - t ..= len - 1`.
-    pub k_cache: Tensor,
-    /// `[1, kv_heads, capacity, d]` value buffer.
-    pub v_cache: Tensor,
-    /// `[1]` u32: the cache length after the step.
-    pub len: Tensor,
-    /// The gate/up weight `[2 * inter, hidden]` (gate rows, then up rows) of the MLP after
-    /// this attention: the kernel's prologue prefetches the first rows of each half into the
-    /// L2 (see [`prefetch_bytes`]), which the gate/up GEMV's first blocks read.
-    pub prefetch: Option<Tensor>,
-}
-
 /// Bytes of the gate/up weight that RoPE's prologue prefetches into the L2 under the options
 /// `o`, half from the gate rows, half from the up rows: `l2_prefetch_mb` (0 turns it off;
 /// the default 8 MB helps a 1B-shaped step and is neutral for an 8B-shaped one, while 16 MB
 /// was too much for the 1B shape: docs/kernel-notes.md, "L2 prefetch").
-fn prefetch_bytes(o: &EngineOptions) -> usize {
+pub(super) fn prefetch_bytes(o: &EngineOptions) -> usize {
     (o.l2_prefetch_mb.max(0.0) * 1e6) as usize
 }
-
-impl RopeStore {
-    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
-        &self,
-        dev: &CudaDevice,
-        name: &str,
-        (q, ql): (&CudaSlice<T>, &Layout),
-        (k, kl): (&CudaSlice<T>, &Layout),
-        (v, vl): (&CudaSlice<T>, &Layout),
-    ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
-        let (t, heads, d, q_row) = head_rows(ql, "rope store", "q")?;
-        let (tk, kv_heads, dk, k_row) = head_rows(kl, "rope store", "k")?;
-        let (tv, kv_v, dv, v_row) = head_rows(vl, "rope store", "v")?;
-        let cache_dims = self.k_cache.dims().to_vec();
-        if tk != t
-            || tv != t
-            || kv_v != kv_heads
-            || dk != d
-            || dv != d
-            || d % 2 != 0
-            || cache_dims.len() != 4
-            || cache_dims[1] != kv_heads
-            || cache_dims[3] != d
-            || self.v_cache.dims() != cache_dims.as_slice()
-            || !self.k_cache.is_contiguous()
-            || !self.v_cache.is_contiguous()
-            || self.cos.dim(1)? != d / 2
-            || !self.cos.is_contiguous()
-            || !self.sin.is_contiguous()
-        {
-            candle_core::bail!(
-                "rope store: q {:?}, k {:?}, v {:?}, cache {cache_dims:?}, tables {:?} do not fit",
-                ql.dims(),
-                kl.dims(),
-                vl.dims(),
-                self.cos.dims()
-            );
-        }
-        let guards = [
-            self.cos.storage_and_layout(),
-            self.sin.storage_and_layout(),
-            self.k_cache.storage_and_layout(),
-            self.v_cache.storage_and_layout(),
-        ];
-        let len_guard = self.len.storage_and_layout();
-        let (cos, sin) = (view::<T>(&guards[0], "cos")?, view::<T>(&guards[1], "sin")?);
-        let (kc, vc) = (
-            view::<T>(&guards[2], "k cache")?,
-            view::<T>(&guards[3], "v cache")?,
-        );
-        let len = view::<u32>(&len_guard, "len")?;
-        let pf_guard = self.prefetch.as_ref().map(|w| w.storage_and_layout());
-        let pf = prefetch_ranges::<T>(&pf_guard, prefetch_bytes(&crate::engine::get()))?;
-        // SAFETY: written in full by the kernel.
-        let out = unsafe { super::op::out_alloc::<T>(dev, t * heads * d)? };
-        let mut l = Launch::new(dev, &format!("rope_store_{name}"))?;
-        let (q, k, v) = (
-            q.slice(ql.start_offset()..),
-            k.slice(kl.start_offset()..),
-            v.slice(vl.start_offset()..),
-        );
-        l.ptr(&q).val(q_row as i64).ptr(&k).val(k_row as i64);
-        l.ptr(&v).val(v_row as i64);
-        l.ptr(&cos).ptr(&sin).ptr(&out).ptr(&kc).ptr(&vc);
-        l.val((cache_dims[2] * d) as i64);
-        l.ptr(&len).val(t as i32).val(heads as i32).val(d as i32);
-        match &pf {
-            Some((gate, up, n)) => l.ptr(gate).val(*n as i64).ptr(up).val(*n as i64),
-            None => l.null().val(0i64).null().val(0i64),
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, (heads + kv_heads) as u32, 1),
-            block_dim: ((d / 2) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `rope_store` in elementwise.cu; the caller keeps `len` within the
-        // cache's capacity and the tables (the cache reserved the room first); the prefetched
-        // ranges lie inside the weight's two halves (at most `half` elements each).
-        unsafe { l.run(cfg) }?;
-        Ok((out, Shape::from((1, heads, t, d))))
-    }
-}
-
-float_op3!(RopeStore, "rope-store");

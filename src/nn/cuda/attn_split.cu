@@ -15,7 +15,8 @@ constexpr int MAX_SPLITS = 512;
 
 // Combines the n splits' partial results of nh ≤ HB heads at once: head h's split s is
 // p[h * head_stride + at(s) * (D + 2) ...] = (m, l, acc[D]) with at(s) = first + s, less
-// `splits` past the last split (a ring's visible splits wrap), and its output
+// `splits` past the last split (a ring's visible splits wrap), and at(n - 1) = `tail_at`
+// where that is not negative (a staged tail's entry, after the ring's), and its output
 // out[h * D + e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s.
 // Warp h takes head h's scalars (one round of independent loads for the m's, one for the l's,
 // the weights staged in shared memory); then every thread sums its (head, dimension) items
@@ -26,12 +27,15 @@ constexpr int MAX_SPLITS = 512;
 // through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
 template <typename T, int D, int HB, int W, bool WRAP>
 __device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int first,
-                             int n, int splits, T *__restrict__ out) {
+                             int n, int splits, int tail_at, T *__restrict__ out) {
   const auto at = [&](int s) {
-    return (long)(WRAP && first + s >= splits ? first + s - splits : first + s) * (D + 2);
+    return (long)(WRAP && tail_at >= 0 && s == n - 1 ? tail_at
+                  : WRAP && first + s >= splits      ? first + s - splits
+                                                     : first + s) *
+           (D + 2);
   };
   static_assert(HB <= W, "one warp per head's scalars");
-  __shared__ float weight[HB][MAX_SPLITS];
+  __shared__ float weight[HB][MAX_SPLITS + 1];
   __shared__ float total[HB];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (warp < nh) {
@@ -184,6 +188,14 @@ __device__ void attn_combine_cluster(const float *cm, const float *cl, const flo
 // sees a new position writes the same bytes there; the query of row i sees its own
 // position, so all t are written. Older positions are only read.
 //
+// Staged tail (RING with `tail.n` > 0: a staged ring inside a speculation): the positions
+// [len - tail.n, len) live in the side buffer `tail.k`, `tail.v` (position len - tail.n + i
+// in slot i, heads `tail.head_stride` apart), the ring holds those below. A query sees the
+// ring's visible positions below the tail, then the tail's: one more split after the
+// ring's (its partial row at index `splits`, after the ring's), and with RoPE fused the
+// step's t new positions (the tail's last t) are written to the side buffer (`rope.kw`,
+// `rope.vw` are then the side buffer).
+//
 // Per-head q/k RMSNorm fused too (`rope.qn` not null: Qwen3, Gemma 3): before RoPE, each
 // query head's row and each new key row become x * rsqrt(mean(x^2) + eps) * w, rounded to T
 // as the separate norm rounds it; every row's scale is summed by one warp in one order, so a
@@ -197,6 +209,13 @@ template <typename T> struct FusedRope {
   float q_eps, k_eps;
 };
 
+// A staged ring's side buffer (see attn_split); `n` = 0: none.
+template <typename T> struct RingTail {
+  const T *k, *v;
+  long head_stride;
+  int n;
+};
+
 template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false,
           bool RING = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
@@ -204,7 +223,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
                            int heads, int group, long q_head_stride, long q_row_stride,
                            long kv_head_stride, int split_len, int splits, int window,
-                           float softcap, int ring, int ring_lo, const FusedRope<T> rope) {
+                           float softcap, int ring, int ring_lo, const RingTail<T> tail,
+                           const FusedRope<T> rope) {
   constexpr int D = 32 * E;
   // Elements per 16-byte load of a key row.
   constexpr int V16 = 16 / sizeof(T);
@@ -224,22 +244,33 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // the slots from vslot = vis % ring on, vn of them, wrapping past the last slot. Splits are
   // runs of slots; [first_split, end_split) counts on past the last split (split s is then
   // s - splits) and covers each split once (the one holding both ends of a wrapped run too).
+  //
+  // A staged tail (`has_tail`) holds the positions from `tbase` on: the ring's visible run
+  // ends below it (vn may be 0), and the tail is split `end_split` (one past the ring's),
+  // partial row `splits`.
+  const bool has_tail = RING && tail.n > 0;
+  const int tbase = has_tail ? len - tail.n : len;
   const int vis = RING ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
-  const int vslot = RING ? vis % ring : 0, vn = qpos + 1 - vis;
+  const int vslot = RING ? vis % ring : 0,
+            vn = has_tail ? max(0, tbase - vis) : qpos + 1 - vis;
   const int first_split =
       RING ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
   const int end_split =
-      RING ? min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
-                                        : splits + (vslot + vn - 1 - ring) / split_len + 1,
-                     first_split + splits)
-               : min(qpos / split_len + 1, splits);
+      RING ? (vn == 0 ? first_split
+                      : min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
+                                               : splits + (vslot + vn - 1 - ring) / split_len + 1,
+                            first_split + splits))
+           : min(qpos / split_len + 1, splits);
+  // Splits including the tail's; partial rows per (row, head): a ring's one more.
+  const int end_all = end_split + (has_tail ? 1 : 0);
+  const int prows = RING ? splits + 1 : splits;
   const int z = blockIdx.z, zs = gridDim.z;
   const int start = z + (max(0, first_split - z) + zs - 1) / zs * zs;
   // CL: the row's splits are one cluster's blocks (gridDim.z = splits ≤ CL_MAX, one split a
   // block, cluster rank = split). Where the query sees several, every block of the cluster
   // takes part in the combine's two barriers, those without a visible key included.
-  const bool multi = end_split - first_split > 1;
-  if (start >= end_split) {
+  const bool multi = end_all - first_split > 1;
+  if (start >= end_all) {
     pdl_begin();  // every block waits: the kernel completes only after the one ahead of it
     if (CL && multi) {
       cluster_sync();
@@ -259,7 +290,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // docs/kernel-notes.md, "Split attention: K/V prefetch"). Touches no result: the loads
   // read the same bytes.
   constexpr int PF_SPLITS = 4;
-  if (end_split - first_split <= PF_SPLITS) {
+  if (end_all - first_split <= PF_SPLITS && start < end_split) {
     const int s0 = RING && start >= splits ? start - splits : start;
     const int a = s0 * split_len,
               b = RING ? min(a + split_len, ring) : min((start + 1) * split_len, len - t);
@@ -332,9 +363,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       sq[h][e] = x;
     }
     const int p = fresh + i / HALF, f = i % HALF;
-    const int slot = RING ? p % ring : p, ps = slot / split_len;
-    // The split's place in [first_split, end_split) (a ring's count on past the last).
-    const int split = RING && ps < first_split ? ps + splits : ps;
+    const int slot = has_tail ? p - tbase : RING ? p % ring : p, ps = slot / split_len;
+    // The split's place in [first_split, end_all) (a ring's count on past the last; a
+    // tail's new positions are all in its own split).
+    const int split = has_tail ? end_split : RING && ps < first_split ? ps + splits : ps;
+    const long wstride = has_tail ? tail.head_stride : kv_head_stride;
     const bool visible = window <= 0 || p > qpos - window;
     if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
       const int n = p - fresh;
@@ -346,27 +379,33 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
         x1 = normed(x1, kscale[n], rope.kn, f);
         x2 = normed(x2, kscale[n], rope.kn, f + HALF);
       }
-      T *o = rope.kw + blockIdx.y * kv_head_stride + (long)slot * D;
+      T *o = rope.kw + blockIdx.y * wstride + (long)slot * D;
       o[f] = from_f32<T>(x1 * c - x2 * sn);
       o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
       const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
-      T *w = rope.vw + blockIdx.y * kv_head_stride + (long)slot * D;
+      T *w = rope.vw + blockIdx.y * wstride + (long)slot * D;
       w[f] = vn[f];
       w[f + HALF] = vn[f + HALF];
     }
   }
   __syncthreads();
-  const T *kb = k + blockIdx.y * kv_head_stride;
-  const T *vb = v + blockIdx.y * kv_head_stride + lane * E;
   __shared__ float sm[W][HB], sl[W][HB], sacc[W][HB][D];
   // CL: this block's split result, read by the combining block of the cluster.
   __shared__ float cm[CL ? HB : 1], cl[CL ? HB : 1], cacc[CL ? HB : 1][CL ? D : 1];
   int mine = 0;  // splits this block wrote
-  for (int vs = start; vs < end_split; vs += zs, ++mine) {
-    const int split = RING && vs >= splits ? vs - splits : vs;
-    // Keys [lo, hi) of the split; a ring's are the visible slots among them.
-    const int hi = RING ? min(ring, (split + 1) * split_len) : min(qpos + 1, (split + 1) * split_len);
-    int lo = split * split_len;
+  for (int vs = start; vs < end_all; vs += zs, ++mine) {
+    const bool in_tail = has_tail && vs == end_split;
+    // The split's partial row.
+    const int split = in_tail ? splits : RING && vs >= splits ? vs - splits : vs;
+    const T *kb = in_tail ? tail.k + blockIdx.y * tail.head_stride : k + blockIdx.y * kv_head_stride;
+    const T *vb = (in_tail ? tail.v + blockIdx.y * tail.head_stride : v + blockIdx.y * kv_head_stride) +
+                  lane * E;
+    // Keys [lo, hi) of the split; a ring's are the visible slots among them, a tail's the
+    // slots of the visible positions from tbase on.
+    const int hi = in_tail ? qpos + 1 - tbase
+                   : RING  ? min(ring, (split + 1) * split_len)
+                           : min(qpos + 1, (split + 1) * split_len);
+    int lo = in_tail ? max(vis - tbase, 0) : split * split_len;
     if (window > 0 && !RING) lo = max(lo, qpos + 1 - window);
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
@@ -376,10 +415,10 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
     }
-    for (int tile = split * split_len + warp * 32; tile < hi; tile += W * 32) {
+    for (int tile = (in_tail ? 0 : split * split_len) + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
       const bool live =
-          j >= lo && j < hi && (!RING || (j - vslot + ring) % ring < vn);
+          j >= lo && j < hi && (!RING || in_tail || (j - vslot + ring) % ring < vn);
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
       // Value rows in batches of VB independent loads, each batch one round trip to memory
       // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
@@ -477,7 +516,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       for (int e = 0; e < E; ++e) sacc[warp][h][lane * E + e] = acc[h][e];
     }
     __syncthreads();
-    const bool only = end_split - first_split == 1;
+    const bool only = end_all - first_split == 1;
     for (int h = 0; h < nh; ++h) {
       float M = -INFINITY;
 #pragma unroll
@@ -487,7 +526,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       for (int w = 0; w < W; ++w)
         if (sm[w][h] > -INFINITY) L += sl[w][h] * __expf(sm[w][h] - M);
       const int rh = row * heads + h0 + h;
-      float *out = CL ? nullptr : part + ((long)rh * splits + split) * (D + 2);
+      float *out = CL ? nullptr : part + ((long)rh * prows + split) * (D + 2);
       for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float a = 0.f;
 #pragma unroll
@@ -529,15 +568,16 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned int *done = &attn_done[row * heads + h0];
-    last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_split - first_split);
+    last = atomicAdd(done, (unsigned int)mine) + mine == (unsigned int)(end_all - first_split);
     if (last) *done = 0u;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
   const int rh = row * heads + h0;
-  attn_combine<T, D, HB, W, RING>(part + (long)rh * splits * (D + 2), (long)splits * (D + 2), nh,
-                            first_split, end_split - first_split, splits, y + (long)rh * D);
+  attn_combine<T, D, HB, W, RING>(part + (long)rh * prows * (D + 2), (long)prows * (D + 2), nh,
+                                  first_split, end_all - first_split, splits,
+                                  has_tail ? splits : -1, y + (long)rh * D);
 }
 
 // `NAME`: the plain kernel; `NAME_rope`: RoPE and the K/V store fused in (FusedRope), whose
@@ -548,17 +588,21 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap, int ring, int ring_lo) {                                             \
+           float softcap, int ring, int ring_lo, const T *tail_k, const T *tail_v,            \
+           long tail_head_stride, int tail_n) {                                                \
     attn_split<T, E, HB, W, false, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t, \
                                                        heads, group,                          \
                                 q_head_stride, q_row_stride, kv_head_stride, split_len,       \
-                                splits, window, softcap, ring, ring_lo, FusedRope<T>{});      \
+                                splits, window, softcap, ring, ring_lo,                       \
+                                RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n},        \
+                                FusedRope<T>{});                                              \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(W * 32)                                     \
       NAME##_rope(const T *q, const T *k, const T *v, float *part, T *y,                       \
                   const uint32_t *len_ptr, uint32_t len_arg, int t, int heads, int group,     \
                   long q_head_stride, long q_row_stride, long kv_head_stride, int split_len,  \
                   int splits, int window, float softcap, int ring, int ring_lo,               \
+                  const T *tail_k, const T *tail_v, long tail_head_stride, int tail_n,        \
                   const T *k_new, long k_row,                                                 \
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n, const T *qn,      \
@@ -568,6 +612,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                                       heads, group,                           \
                                q_head_stride, q_row_stride, kv_head_stride, split_len,        \
                                splits, window, softcap, ring, ring_lo,                        \
+                               RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n},         \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw, qn, \
                                             kn, q_eps, k_eps});                                \
   }
@@ -588,7 +633,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \
-           float softcap, int ring, int ring_lo, const T *k_new, long k_row,                 \
+           float softcap, int ring, int ring_lo, const T *tail_k, const T *tail_v,            \
+           long tail_head_stride, int tail_n, const T *k_new, long k_row,                     \
            const T *v_new, long v_row,                                                        \
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
            const char *pf1, long pf1_n, const T *qn, const T *kn, float q_eps, float k_eps) { \
@@ -597,6 +643,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                                 group,                                         \
                                           q_head_stride, q_row_stride, kv_head_stride,        \
                                           split_len, splits, window, softcap, ring, ring_lo,  \
+                                          RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n}, \
                                           FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
                                                        kw, vw, qn, kn, q_eps, k_eps});        \
   }

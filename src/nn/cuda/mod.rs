@@ -4,8 +4,8 @@
 //! candle's ops as the path on every other device.
 //!
 //! * [`attention`] — attention over a KV cache in place, flash attention of prefills, the
-//!   prefill chunks' causal softmax (f32),
-//!   RoPE with the K/V store at device-side positions;
+//!   prefill chunks' causal softmax (f32); [`rope_store`] — RoPE with the K/V store at
+//!   device-side positions;
 //! * [`dense`] — the row-wise products and elementwise steps: GEMV, SiLU·up, residual add +
 //!   RMSNorm;
 //! * [`argmax`] — the row argmax that ends a greedy step;
@@ -23,10 +23,11 @@ mod launch;
 #[cfg(feature = "nccl")]
 pub(crate) mod nccl;
 mod prefill;
+mod rope_store;
 
 pub use argmax::argmax_on_device;
 pub use attention::{
-    fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RopeStore,
+    fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RingTail,
     SplitAttention,
 };
 pub use dense::{
@@ -36,3 +37,4 @@ pub use dense::{
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
 pub use prefill::{flash_attention_applies, CausalSoftmax, FlashAttention};
+pub use rope_store::RopeStore;
