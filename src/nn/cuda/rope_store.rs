@@ -3,7 +3,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::attention::{head_rows, prefetch_bytes, prefetch_ranges};
 use super::launch::Launch;
