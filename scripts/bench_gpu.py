@@ -37,6 +37,9 @@ Cases
             target) and Gemma-3-270M (draft), both with sliding-window layers (vocabularies
             262,208 and 262,144), made once by scripts/sliding_shapes.py in --sliding-dir.
 
+exp's sliding-window layers use the rotating-cache strategy of --cache (slack by default, or
+staged).
+
 Measurement: --rounds N rounds (default 3); in each, every method runs every prompt, the
 methods in an order rotated by one per round (exp runs all its points in one process per
 round: models loaded and warmed up untimed). transformers generations are timed around
@@ -84,6 +87,8 @@ def parse_args():
                    help="llama8b: the oracle's acceptance rates")
     p.add_argument("--gammas", type=int, nargs="+", default=list(GAMMAS),
                    help="llama8b: the draft lengths")
+    p.add_argument("--cache", choices=["slack", "staged"], default="slack",
+                   help="exp's rotating-cache strategy (sliding-window layers: default and gemma4b)")
     return p.parse_args()
 
 
@@ -239,7 +244,7 @@ def exp_config(args, dataset, target, drafters, methods, gammas):
         lines.append("")
     lines += ["[dataset]", f"path = {toml(dataset)}", f"limit = {args.prompts}", "",
               "[sweep]", "method = [" + ", ".join(toml(m) for m in methods) + "]",
-              f"gamma = {list(gammas)}", "temperature = [0.0]", 'cache = ["slack"]', ""]
+              f"gamma = {list(gammas)}", "temperature = [0.0]", f'cache = ["{args.cache}"]', ""]
     if drafters:
         lines.insert(-1, "drafter = [" + ", ".join(toml(n) for n in drafters) + "]")
     return "\n".join(lines)
@@ -472,7 +477,7 @@ def summarize(args, torch, prompts, ids, target, draft, rounds):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__, "case": args.case,
-        "dtype": args.dtype, "rounds": args.rounds, "prompts": len(prompts),
+        "dtype": args.dtype, "cache": args.cache, "rounds": args.rounds, "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens, "c_draft_ar": c_ar,
         "prompt_tokens": [len(p) for p in ids],
         "command": "python3 scripts/bench_gpu.py " + " ".join(sys.argv[1:]),
