@@ -15,6 +15,7 @@ mod attend;
 mod buffer;
 mod error;
 mod hidden;
+mod in_place;
 mod kv;
 mod mask;
 mod model;
@@ -24,6 +25,7 @@ mod tree;
 
 pub use attend::Attend;
 pub use error::CacheError;
+pub use in_place::{InPlace, StagedTail};
 pub use kv::{KvCache, KvSnapshot, DEFAULT_STEP};
 pub use mask::{KeyOrder, Mask};
 pub use model::{
@@ -31,7 +33,7 @@ pub use model::{
     ModelCache, Speculation,
 };
 pub use prefix::PrefixStore;
-pub use rotating::{InPlace, RotatingKvCache, RotatingSnapshot, RotatingStrategy, StagedTail};
+pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
 pub use tree::TokenTree;
 
 pub(crate) use tree::path_moves;

@@ -5,9 +5,9 @@ use candle_core::Tensor;
 
 use super::attend::Attend;
 use super::error::CacheError;
+use super::in_place::InPlace;
 use super::kv::KvCache;
 use super::kv::KvSnapshot;
-use super::rotating::InPlace;
 use super::rotating::RotatingKvCache;
 use super::rotating::RotatingSnapshot;
 use super::tree::TokenTree;
@@ -123,10 +123,19 @@ impl LayerCache {
         }
     }
 
-    fn commit(&mut self, n: usize) -> Result<()> {
+    /// Keeps the first `n` speculative tokens; `copied`: a staged ring's rows were copied
+    /// already ([`copy_staged_rings`]), only the count remains.
+    fn commit(&mut self, n: usize, copied: bool) -> Result<()> {
+        #[cfg(not(feature = "cuda"))]
+        let _ = copied;
         match self {
             LayerCache::Kv(c) => {
                 c.commit(n);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            LayerCache::Rotating(c) if copied && c.staged_commit_parts(n).is_some() => {
+                c.commit_copied(n);
                 Ok(())
             }
             LayerCache::Rotating(c) => c.commit(n),
@@ -521,6 +530,35 @@ pub fn reserve_layers(layers: &mut [LayerCache], t: usize) -> Result<Option<Vec<
     Ok(Some(out))
 }
 
+/// On CUDA, the copies of a commit of `n` tokens from every staged ring's side buffer into
+/// the ring in one launch (`nn::cuda::commit_rings`) instead of several a layer; true when
+/// made. Elsewhere, with fewer than two such rings, or buffers the kernel does not take,
+/// false: each layer copies its own rows.
+fn copy_staged_rings(layers: &[LayerCache], n: usize) -> Result<bool> {
+    #[cfg(feature = "cuda")]
+    {
+        let mut commits = Vec::new();
+        let mut keep = 0;
+        for layer in layers {
+            if let LayerCache::Rotating(c) = layer {
+                if let Some(([sk, sv, rk, rv], rows)) = c.staged_commit_parts(n) {
+                    keep = rows;
+                    commits.push(crate::nn::RingCommit {
+                        side: (sk, sv),
+                        ring: (rk, rv),
+                        first_slot: c.base_slot(),
+                    });
+                }
+            }
+        }
+        if commits.len() >= 2 {
+            return Ok(crate::nn::commit_rings(&commits, keep)?);
+        }
+    }
+    let _ = (layers, n);
+    Ok(false)
+}
+
 /// [`ModelCache::advance`] over a run of `layers`.
 pub fn advance_layers(layers: &mut [LayerCache], t: usize) {
     for layer in layers {
@@ -575,8 +613,18 @@ impl Speculation<'_> {
         }
         self.open = false;
         self.cache.spec_base = None;
+        let copied = match copy_staged_rings(&self.cache.layers, n) {
+            Ok(copied) => copied,
+            Err(e) => {
+                // Some rings may hold new rows over old ones: nothing is known intact.
+                self.cache.layers.iter_mut().for_each(LayerCache::rollback);
+                self.cache.poisoned = true;
+                self.cache.hidden_settled(None)?;
+                return Err(e);
+            }
+        };
         for i in 0..self.cache.layers.len() {
-            if let Err(e) = self.cache.layers[i].commit(n) {
+            if let Err(e) = self.cache.layers[i].commit(n, copied) {
                 self.cache.layers[i + 1..]
                     .iter_mut()
                     .for_each(LayerCache::rollback);

@@ -6,12 +6,14 @@ use candle_core::Tensor;
 use super::attend::Attend;
 use super::buffer::{cat_seq, seq_len, KvBuf};
 use super::error::CacheError;
+use super::in_place::{InPlace, StagedTail};
 use super::kv::check_tree_append;
 use super::mask::KeyOrder;
 use super::mask::Mask;
 use super::tree::TokenTree;
 use crate::error::Result;
 
+mod staged;
 mod tree_commit;
 
 /// How a [`RotatingKvCache`] holds speculative tokens.
@@ -55,38 +57,6 @@ struct Spec {
     base: usize,
     /// The tree the block follows (block position `base + i` holds node `i`).
     tree: Option<Arc<TokenTree>>,
-}
-
-/// Slots a staged side buffer grows by.
-const SIDE_STEP: usize = 16;
-
-/// A layer's cache buffers for a step whose attention writes its K/V itself (a replayed
-/// CUDA graph; see [`crate::cache::ModelCache::reserve_in_place`]).
-#[derive(Debug, Clone)]
-pub struct InPlace {
-    /// The layer's whole buffers `[b, h, capacity, d]`: an unbounded cache's slots, or a
-    /// ring (position `p` in slot `p % capacity`).
-    pub k: Tensor,
-    /// Values, shaped like `k`.
-    pub v: Tensor,
-    /// Allocation id of `k` and `v`: a recording against them is valid while it is unchanged.
-    pub id: u64,
-    /// A staged ring inside a speculation: the step's K/V go to the side buffer instead.
-    pub tail: Option<StagedTail>,
-}
-
-/// The side buffer of a staged ring inside a speculation, for a step written in place: the
-/// positions from `base` on live in its slots `0, 1, ...`, the ring holds those below.
-#[derive(Debug, Clone)]
-pub struct StagedTail {
-    /// The side buffer `[b, h, slots, d]`.
-    pub k: Tensor,
-    /// Values, shaped like `k`.
-    pub v: Tensor,
-    /// Allocation id of the side buffer.
-    pub id: u64,
-    /// Positions it holds after the step (the speculation's so far plus the step's).
-    pub len: usize,
 }
 
 /// Owned copy of the last `window` tokens of a [`RotatingKvCache`], labelled with the range
@@ -261,46 +231,6 @@ impl RotatingKvCache {
             id,
             tail: Some(tail),
         }))
-    }
-
-    /// Makes the side buffer fit `like` with room for `needed` slots, keeping the open
-    /// speculation's staged K/V (an error when they are of another shape than `like`).
-    fn ensure_side(&mut self, like: &Tensor, needed: usize) -> Result<()> {
-        let kept = self.staged_len();
-        let capacity = needed.div_ceil(SIDE_STEP) * SIDE_STEP;
-        self.side = match self.side.take() {
-            Some(side) if side.fits(like) && side.capacity() >= needed => Some(side),
-            Some(side) if side.fits(like) => Some(side.grown(capacity, kept)?),
-            Some(side) if kept > 0 => {
-                let dims = side.k.dims().to_vec();
-                self.side = Some(side);
-                return Err(CacheError::BadInput(format!(
-                    "k {:?} {:?} does not match the staged K/V {dims:?}",
-                    like.dims(),
-                    like.dtype()
-                ))
-                .into());
-            }
-            _ => Some(KvBuf::zeros_like(like, capacity)?),
-        };
-        Ok(())
-    }
-
-    /// Tokens of the open staged speculation (0 for slack, or outside a speculation).
-    fn staged_len(&self) -> usize {
-        match &self.spec {
-            Some(spec) if self.strategy == RotatingStrategy::Staged => self.offset - spec.base,
-            _ => 0,
-        }
-    }
-
-    /// The open staged speculation's K/V, `[b, h, staged_len, d]` views of the side buffer;
-    /// `None` when there are none.
-    fn staged_kv(&self) -> Result<Option<(Tensor, Tensor)>> {
-        match (&self.side, self.staged_len()) {
-            (Some(side), n) if n > 0 => Ok(Some(side.view(0, n)?)),
-            _ => Ok(None),
-        }
     }
 
     /// Counts `t` tokens written into the ring by a step [`Self::reserve`] allowed.

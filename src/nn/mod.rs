@@ -32,6 +32,8 @@ pub use attention::{
 };
 pub use clock::QueueMark;
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::{commit_rings, RingCommit};
+#[cfg(feature = "cuda")]
 pub use cuda::{kernel_trace, TraceRecord};
 pub use eagle3::{Eagle3Head, Eagle3Parts};
 pub(crate) use fused::argmax_on_device;

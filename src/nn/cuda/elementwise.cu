@@ -353,3 +353,25 @@ __device__ void argmax_rows_split(const T *__restrict__ x, uint32_t *__restrict_
 ARGMAX_ROWS_SPLIT(argmax_rows_split_f32, float)
 ARGMAX_ROWS_SPLIT(argmax_rows_split_bf16, __nv_bfloat16)
 ARGMAX_ROWS_SPLIT(argmax_rows_split_f16, __half)
+
+// The commit of a speculation's accepted K/V from the side buffers of a model's staged rings
+// into the rings, every layer in one launch (`commit.rs`): layer l's entry of `table` (eight
+// 64-bit values) is the side buffer's k and v, the ring's k and v (byte addresses), their head
+// strides in bytes, the ring slot of the first row and the ring's slots; row i of head h goes
+// from side slot i to ring slot (first + i) % slots. A row is `chunks` 16-byte vectors.
+// Grid: x = layers, y = heads, z = rows kept. Block: any width.
+extern "C" __global__ void staged_commit(const long long *__restrict__ table, int chunks) {
+  pdl_begin();
+  const long long *e = table + blockIdx.x * 8;
+  const int h = blockIdx.y, i = blockIdx.z;
+  const long long row = (long long)chunks * 16;
+  const long long slot = ((long long)e[6] + i) % e[7];
+  const char *sk = (const char *)e[0] + h * e[4] + i * row;
+  const char *sv = (const char *)e[1] + h * e[4] + i * row;
+  char *dk = (char *)e[2] + h * e[5] + slot * row;
+  char *dv = (char *)e[3] + h * e[5] + slot * row;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    reinterpret_cast<uint4 *>(dk)[c] = reinterpret_cast<const uint4 *>(sk)[c];
+    reinterpret_cast<uint4 *>(dv)[c] = reinterpret_cast<const uint4 *>(sv)[c];
+  }
+}

@@ -15,7 +15,7 @@
 //   attn_split.cu   split attention of decode and verification steps
 //   prefill.cu      causal softmax of prefill chunks, flash attention
 //   gemv.cu         GEMVs (CUDA cores, tensor cores with folds)
-//   elementwise.cu  RoPE + K/V store, SiLU·up, add + RMSNorm, row argmax
+//   elementwise.cu  RoPE + K/V store, SiLU·up, add + RMSNorm, row argmax, staged commits
 #include "common.cuh"
 #include "attn_split.cu"
 #include "prefill.cu"

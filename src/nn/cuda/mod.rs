@@ -16,6 +16,7 @@ mod op;
 
 mod argmax;
 mod attention;
+mod commit;
 mod dense;
 pub(crate) mod graph;
 pub(crate) mod graph_edges;
@@ -30,6 +31,7 @@ pub use attention::{
     fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RingTail,
     SplitAttention,
 };
+pub(crate) use commit::{commit_rings, RingCommit};
 pub use dense::{
     add_rmsnorm_applies, bias_fits, fold_applies, folds, gemv_applies, silu_gate_applies,
     AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,

@@ -1,0 +1,105 @@
+//! The commit of a speculation over a model's staged rings in one launch (`staged_commit` in
+//! elementwise.cu): each ring's copy of the accepted K/V from its side buffer would otherwise
+//! be four or more candle copies a layer, enqueued by the host after every verification.
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig};
+use candle_core::{DType, Device, Storage, Tensor};
+
+use super::launch::Launch;
+use super::op::view;
+
+/// One staged ring's part of a commit: its side buffer and ring, `[1, heads, slots, d]`
+/// contiguous buffers of one dtype, and the ring slot that takes the side buffer's first row.
+pub struct RingCommit<'a> {
+    /// The side buffer's keys and values.
+    pub side: (&'a Tensor, &'a Tensor),
+    /// The ring's keys and values.
+    pub ring: (&'a Tensor, &'a Tensor),
+    /// Ring slot of the first kept row (the next ones follow modulo the ring's slots).
+    pub first_slot: usize,
+}
+
+/// Copies the first `keep` rows of every side buffer in `commits` into its ring, all layers
+/// in one kernel. `Ok(false)` (nothing done) unless every buffer is a contiguous CUDA tensor
+/// of one dtype and head shape, with rows of whole 16-byte vectors and `keep` at most a
+/// ring's and a side buffer's slots: the caller then copies layer by layer.
+pub fn commit_rings(commits: &[RingCommit<'_>], keep: usize) -> candle_core::Result<bool> {
+    let Some(first) = commits.first() else {
+        return Ok(true);
+    };
+    let Device::Cuda(dev) = first.side.0.device() else {
+        return Ok(false);
+    };
+    let like = first.side.0;
+    let (_, heads, _, d) = like.dims4()?;
+    let row = d * like.dtype().size_in_bytes();
+    let fits = |t: &Tensor, slots_min: usize| {
+        t.is_contiguous()
+            && t.dtype() == like.dtype()
+            && t.device().same_device(like.device())
+            && t.dims4()
+                .is_ok_and(|(b, h, s, e)| b == 1 && h == heads && e == d && s >= slots_min)
+    };
+    let usable = keep > 0
+        && row.is_multiple_of(16)
+        && matches!(like.dtype(), DType::BF16 | DType::F16 | DType::F32)
+        && commits.iter().all(|c| {
+            [c.side.0, c.side.1].iter().all(|t| fits(t, keep))
+                && [c.ring.0, c.ring.1].iter().all(|t| fits(t, keep))
+        });
+    if !usable {
+        return Ok(false);
+    }
+    let stream = dev.cuda_stream();
+    // Byte address of a contiguous buffer's first element.
+    let address = |t: &Tensor| -> candle_core::Result<i64> {
+        let guard = t.storage_and_layout();
+        let addr = match t.dtype() {
+            DType::BF16 => {
+                view::<half::bf16>(&guard, "staged commit")?
+                    .device_ptr(&stream)
+                    .0
+            }
+            DType::F16 => {
+                view::<half::f16>(&guard, "staged commit")?
+                    .device_ptr(&stream)
+                    .0
+            }
+            _ => view::<f32>(&guard, "staged commit")?.device_ptr(&stream).0,
+        };
+        Ok(addr as i64)
+    };
+    let mut table = Vec::with_capacity(commits.len() * 8);
+    for c in commits {
+        let (side_slots, ring_slots) = (c.side.0.dim(2)?, c.ring.0.dim(2)?);
+        table.extend([
+            address(c.side.0)?,
+            address(c.side.1)?,
+            address(c.ring.0)?,
+            address(c.ring.1)?,
+            (side_slots * row) as i64,
+            (ring_slots * row) as i64,
+            (c.first_slot % ring_slots) as i64,
+            ring_slots as i64,
+        ]);
+    }
+    let n = table.len();
+    let table = Tensor::from_vec(table, n, like.device())?;
+    let guard = table.storage_and_layout();
+    if !matches!(&*guard.0, Storage::Cuda(_)) {
+        candle_core::bail!("staged commit: the table is not on the GPU");
+    }
+    let table_view = view::<i64>(&guard, "staged commit table")?;
+    let chunks = row / 16;
+    let mut l = Launch::new(dev, "staged_commit")?;
+    l.ptr(&table_view).val(chunks as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (commits.len() as u32, heads as u32, keep as u32),
+        block_dim: (chunks.min(128) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches `staged_commit`; every buffer is a live contiguous [1, heads, slots, d]
+    // tensor of `row`-byte rows (checked above), rows `0..keep` of each side buffer exist and
+    // each ring slot is taken modulo its slots.
+    unsafe { l.run(cfg) }?;
+    Ok(true)
+}
