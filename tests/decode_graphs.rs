@@ -3,8 +3,8 @@
 //! (`SPECDEC_FUSED_ROPE=0` in the environment, applied by this test), reading the
 //! position from the device) compute what ordinary steps compute: a greedy
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
-//! new recordings), with a verification block of 5 tokens every 50 steps and a speculation
-//! that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
+//! new recordings), with a verification block of 5 tokens every 50 steps, a block of 3
+//! outside a speculation and a speculation that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
 //! read back and uploaded; the chain's and a verification block's argmaxes taken inside the
 //! step by `forward_argmax` equal to those of their logits), with graphs on (every seventh decode step on the ordinary path
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
@@ -124,6 +124,11 @@ fn graph_steps_equal_ordinary_steps() {
                     let mut spec = c.speculate().unwrap();
                     let block = tokens(5, vocab, step);
                     rows.push(model.forward(&block, spec.cache()).unwrap());
+                }
+                // A block of 3 outside a speculation (a staged ring takes it beside the ring
+                // and copies it in after the step), every row's logits.
+                if step == 150 {
+                    rows.push(model.forward(&tokens(3, vocab, 11), &mut c).unwrap());
                 }
                 // A speculation that rolls back in the middle: the replay must follow the
                 // cache's length, not its own count of steps.

@@ -124,7 +124,7 @@ impl LayerCache {
     }
 
     /// Keeps the first `n` speculative tokens; `copied`: a staged ring's rows were copied
-    /// already ([`copy_staged_rings`]), only the count remains.
+    /// already ([`copy_side_rows`]), only the count remains.
     fn commit(&mut self, n: usize, copied: bool) -> Result<()> {
         #[cfg(not(feature = "cuda"))]
         let _ = copied;
@@ -134,7 +134,7 @@ impl LayerCache {
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            LayerCache::Rotating(c) if copied && c.staged_commit_parts(n).is_some() => {
+            LayerCache::Rotating(c) if copied && c.side_rows(n).is_some() => {
                 c.commit_copied(n);
                 Ok(())
             }
@@ -321,9 +321,11 @@ impl ModelCache {
         reserve_layers(&mut self.layers, t)
     }
 
-    /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made.
-    pub fn advance(&mut self, t: usize) {
-        advance_layers(&mut self.layers, t);
+    /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made
+    /// (a staged ring's block outside a speculation is copied from its side buffer into the
+    /// ring here).
+    pub fn advance(&mut self, t: usize) -> Result<()> {
+        advance_layers(&mut self.layers, t)
     }
 
     /// Bytes held by all layers.
@@ -530,23 +532,24 @@ pub fn reserve_layers(layers: &mut [LayerCache], t: usize) -> Result<Option<Vec<
     Ok(Some(out))
 }
 
-/// On CUDA, the copies of a commit of `n` tokens from every staged ring's side buffer into
-/// the ring in one launch (`nn::cuda::commit_rings`) instead of several a layer; true when
-/// made. Elsewhere, with fewer than two such rings, or buffers the kernel does not take,
-/// false: each layer copies its own rows.
-fn copy_staged_rings(layers: &[LayerCache], n: usize) -> Result<bool> {
+/// On CUDA, the copies from every staged ring's side buffer into the ring — the rows a
+/// block written in place outside a speculation left, or else a commit's `n` — in one launch
+/// (`nn::cuda::commit_rings`) instead of several a layer; true when made. Elsewhere, with
+/// fewer than two such rings, or buffers the kernel does not take, false: each layer copies
+/// its own rows.
+fn copy_side_rows(layers: &[LayerCache], n: usize) -> Result<bool> {
     #[cfg(feature = "cuda")]
     {
         let mut commits = Vec::new();
         let mut keep = 0;
         for layer in layers {
             if let LayerCache::Rotating(c) = layer {
-                if let Some(([sk, sv, rk, rv], rows)) = c.staged_commit_parts(n) {
+                if let Some(([sk, sv, rk, rv], rows, first_slot)) = c.side_rows(n) {
                     keep = rows;
                     commits.push(crate::nn::RingCommit {
                         side: (sk, sv),
                         ring: (rk, rv),
-                        first_slot: c.base_slot(),
+                        first_slot,
                     });
                 }
             }
@@ -560,13 +563,32 @@ fn copy_staged_rings(layers: &[LayerCache], n: usize) -> Result<bool> {
 }
 
 /// [`ModelCache::advance`] over a run of `layers`.
-pub fn advance_layers(layers: &mut [LayerCache], t: usize) {
-    for layer in layers {
+pub fn advance_layers(layers: &mut [LayerCache], t: usize) -> Result<()> {
+    for layer in layers.iter_mut() {
         match layer {
             LayerCache::Kv(c) => c.advance(t),
             LayerCache::Rotating(c) => c.advance(t),
         }
     }
+    let unflushed = |l: &LayerCache| matches!(l, LayerCache::Rotating(c) if c.has_unflushed());
+    if !layers.iter().any(unflushed) {
+        return Ok(());
+    }
+    // Every ring's unflushed rows in one launch where the kernel takes them (a failed launch
+    // falls back to the rings' own copies, which say what is intact).
+    let copied = matches!(copy_side_rows(layers, 0), Ok(true));
+    for layer in layers.iter_mut() {
+        if let LayerCache::Rotating(c) = layer {
+            #[cfg(feature = "cuda")]
+            if copied && c.side_rows(0).is_some() {
+                c.flushed();
+                continue;
+            }
+            c.flush()?;
+        }
+    }
+    let _ = copied;
+    Ok(())
 }
 
 /// A transaction over a [`ModelCache`]: forwards through [`Speculation::cache`] append K/V
@@ -613,7 +635,7 @@ impl Speculation<'_> {
         }
         self.open = false;
         self.cache.spec_base = None;
-        let copied = match copy_staged_rings(&self.cache.layers, n) {
+        let copied = match copy_side_rows(&self.cache.layers, n) {
             Ok(copied) => copied,
             Err(e) => {
                 // Some rings may hold new rows over old ones: nothing is known intact.

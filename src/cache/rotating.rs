@@ -50,6 +50,10 @@ pub struct RotatingKvCache {
     /// between speculations, grown when a longer one needs it, so that a step written in
     /// place (a replayed CUDA graph) finds it where it was recorded.
     side: Option<KvBuf>,
+    /// Staged strategy only: rows of the side buffer that a block written in place outside
+    /// a speculation left for the ring (positions `[offset - unflushed, offset)`), copied
+    /// into it right after the step (`flush_side` in model.rs).
+    unflushed: usize,
 }
 
 #[derive(Debug)]
@@ -129,6 +133,7 @@ impl RotatingKvCache {
             lo: 0,
             spec: None,
             side: None,
+            unflushed: 0,
         })
     }
 
@@ -195,26 +200,30 @@ impl RotatingKvCache {
             return Ok(None);
         };
         let (k, v, id) = (ring.k.clone(), ring.v.clone(), ring.id);
-        let Some(spec) = &self.spec else {
-            return Ok((t + self.window - 1 <= self.capacity).then_some(InPlace {
-                k,
-                v,
-                id,
-                tail: None,
-            }));
+        let in_ring = InPlace {
+            k: k.clone(),
+            v: v.clone(),
+            id,
+            tail: None,
         };
-        let staged = self.offset + t - spec.base;
-        if spec.tree.is_some() || staged > self.max_speculative() {
-            return Ok(None);
-        }
-        if self.strategy != RotatingStrategy::Staged {
-            return Ok((t + self.window - 1 <= self.capacity).then_some(InPlace {
-                k,
-                v,
-                id,
-                tail: None,
-            }));
-        }
+        let fits_ring = t + self.window - 1 <= self.capacity;
+        let staged = match &self.spec {
+            None if fits_ring => return Ok(Some(in_ring)),
+            // A staged ring's block outside a speculation goes beside the ring too, and
+            // [`Self::advance`] leaves it to be copied in.
+            None if self.strategy == RotatingStrategy::Staged => t,
+            None => return Ok(None),
+            Some(spec) => {
+                let staged = self.offset + t - spec.base;
+                if spec.tree.is_some() || staged > self.max_speculative() {
+                    return Ok(None);
+                }
+                if self.strategy != RotatingStrategy::Staged {
+                    return Ok(fits_ring.then_some(in_ring));
+                }
+                staged
+            }
+        };
         // The queries see the ring's positions below the base (all intact: `lo` is checked
         // above and the ring holds the `window` before the base) and the side buffer's.
         self.ensure_side(&k, staged)?;
@@ -234,7 +243,12 @@ impl RotatingKvCache {
     }
 
     /// Counts `t` tokens written into the ring by a step [`Self::reserve`] allowed.
+    /// A staged block outside a speculation (in the side buffer) leaves its rows unflushed.
     pub(crate) fn advance(&mut self, t: usize) {
+        let outside = self.spec.is_none() && self.strategy == RotatingStrategy::Staged;
+        if outside && t + self.window - 1 > self.capacity {
+            self.unflushed = t;
+        }
         self.offset += t;
     }
 
@@ -592,6 +606,7 @@ impl RotatingKvCache {
             lo: self.lo,
             spec,
             side: self.side.as_ref().map(KvBuf::deep_clone).transpose()?,
+            unflushed: self.unflushed,
         })
     }
 

@@ -286,7 +286,7 @@ impl Eagle3Head {
         else {
             return Ok(None);
         };
-        cache.advance(t);
+        cache.advance(t)?;
         let out = out.ok_or_else(|| Error::invalid("eagle3: graph step lost its outputs"))?;
         Ok(Some((out, logits)))
     }

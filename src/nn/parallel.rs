@@ -318,7 +318,7 @@ impl Decoder {
         let Some((out, _)) = out else {
             return Ok(None);
         };
-        crate::cache::advance_layers(run, t);
+        crate::cache::advance_layers(run, t)?;
         Ok(Some((lead.then_some(out), None)))
     }
 }

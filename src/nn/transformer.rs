@@ -412,7 +412,7 @@ impl Decoder {
         let Some((logits, hidden)) = logits else {
             return Ok(None);
         };
-        cache.advance(tokens.len());
+        cache.advance(tokens.len())?;
         if let Some(hidden) = hidden {
             cache.record_hidden(hidden);
         }

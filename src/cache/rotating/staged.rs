@@ -51,17 +51,48 @@ impl RotatingKvCache {
         }
     }
 
-    /// For a commit of `n` tokens whose copy the caller makes for several layers at once:
-    /// the staged side buffer's and the ring's buffers (`k`, `v` each) and the rows to copy,
-    /// `min(n, appended)`, when the staged strategy has tokens to keep that fit the ring; the
-    /// caller copies them to the ring from [`Self::base_slot`] on and then calls
-    /// [`Self::commit_copied`].
+    /// For a copy the caller makes for several layers at once, of the rows a block written
+    /// in place outside a speculation left unflushed, or else of a commit of `n` tokens: the
+    /// side buffer's and the ring's buffers (`k`, `v` each), the rows to copy from the side
+    /// buffer's first slot on (the unflushed ones, or `min(n, appended)`) and the ring slot
+    /// of the first, when there are some and they fit the ring. The caller then calls
+    /// [`Self::flushed`] or [`Self::commit_copied`].
     #[cfg(feature = "cuda")]
-    pub(crate) fn staged_commit_parts(&self, n: usize) -> Option<([&Tensor; 4], usize)> {
-        let keep = n.min(self.staged_len());
+    pub(crate) fn side_rows(&self, n: usize) -> Option<([&Tensor; 4], usize, usize)> {
+        let (rows, first) = match self.unflushed {
+            0 => (n.min(self.staged_len()), self.ring_end()),
+            u => (u, self.offset - u),
+        };
         let (side, ring) = (self.side.as_ref()?, self.ring.as_ref()?);
-        (keep > 0 && keep <= self.capacity && ring.fits(&side.k))
-            .then_some(([&side.k, &side.v, &ring.k, &ring.v], keep))
+        (rows > 0 && rows <= self.capacity && ring.fits(&side.k)).then_some((
+            [&side.k, &side.v, &ring.k, &ring.v],
+            rows,
+            first % self.capacity,
+        ))
+    }
+
+    /// Whether a block written in place left rows to copy into the ring ([`Self::advance`]).
+    pub(crate) fn has_unflushed(&self) -> bool {
+        self.unflushed > 0
+    }
+
+    /// Copies the rows a block written in place outside a speculation left in the side
+    /// buffer into the ring (an error leaves nothing below the offset intact).
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        let n = std::mem::take(&mut self.unflushed);
+        if n == 0 {
+            return Ok(());
+        }
+        let side = self.side.as_ref().ok_or_else(super::no_ring)?;
+        let (k, v) = side.view(0, n)?;
+        let first = self.offset - n;
+        self.store(&k, &v, first)
+    }
+
+    /// The unflushed rows were copied by the caller (see [`Self::side_rows`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn flushed(&mut self) {
+        self.unflushed = 0;
     }
 
     /// A staged commit of `n` tokens whose rows the caller copied into the ring (see
@@ -71,11 +102,5 @@ impl RotatingKvCache {
         if let Some(spec) = self.spec.take() {
             self.offset = spec.base + n.min(self.offset - spec.base);
         }
-    }
-
-    /// The ring slot of the open speculation's base.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn base_slot(&self) -> usize {
-        self.ring_end() % self.capacity
     }
 }
