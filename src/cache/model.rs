@@ -541,11 +541,11 @@ fn copy_side_rows(layers: &[LayerCache], n: usize) -> Result<bool> {
     #[cfg(feature = "cuda")]
     {
         let mut commits = Vec::new();
-        let mut keep = 0;
+        let mut rows = Vec::new();
         for layer in layers {
             if let LayerCache::Rotating(c) = layer {
-                if let Some(([sk, sv, rk, rv], rows, first_slot)) = c.side_rows(n) {
-                    keep = rows;
+                if let Some(([sk, sv, rk, rv], n_rows, first_slot)) = c.side_rows(n) {
+                    rows.push(n_rows);
                     commits.push(crate::nn::RingCommit {
                         side: (sk, sv),
                         ring: (rk, rv),
@@ -554,8 +554,9 @@ fn copy_side_rows(layers: &[LayerCache], n: usize) -> Result<bool> {
                 }
             }
         }
-        if commits.len() >= 2 {
-            return Ok(crate::nn::commit_rings(&commits, keep)?);
+        // One launch copies the same rows of every ring (all layers share the offsets).
+        if commits.len() >= 2 && rows.iter().all(|&r| r == rows[0]) {
+            return Ok(crate::nn::commit_rings(&commits, rows[0])?);
         }
     }
     let _ = (layers, n);

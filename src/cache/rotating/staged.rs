@@ -96,7 +96,7 @@ impl RotatingKvCache {
     }
 
     /// A staged commit of `n` tokens whose rows the caller copied into the ring (see
-    /// [`Self::staged_commit_parts`]): the bookkeeping of [`Self::commit`].
+    /// [`Self::side_rows`]): the bookkeeping of [`Self::commit`].
     #[cfg(feature = "cuda")]
     pub(crate) fn commit_copied(&mut self, n: usize) {
         if let Some(spec) = self.spec.take() {
