@@ -143,13 +143,13 @@ fn bench_cache_writes_csv_summary_and_plots() {
     use specdec::bench_cache::{measure, write_results, BenchConfig};
     let tmp = tempfile::tempdir().unwrap();
     let config_path = tmp.path().join("grid.toml");
-    let grid = "strategies = [\"kv-rewind\", \"slack-ring\", \"clone-rot\"]\n\
+    let grid = "strategies = [\"kv-rewind\", \"staged\", \"slack-ring\", \"clone-rot\"]\n\
                 lengths = [16, 64]\ngammas = [1, 3]\npatterns = [\"all\", \"random\"]\n\
                 kv_heads = 2\nhead_dim = 4\nmin_runs = 2\nmax_runs = 3\ntarget_ms = 1\n";
     std::fs::write(&config_path, grid).unwrap();
     let config = BenchConfig::load(&config_path).unwrap();
     let rows = measure(&config, |_| {}).unwrap();
-    assert_eq!(rows.len(), 3 * 2 * 2 * 2);
+    assert_eq!(rows.len(), 4 * 2 * 2 * 2);
     let out = tmp.path().join("run");
     let outcome = write_results(&config, &rows, Some(out.clone())).unwrap();
     assert_eq!(outcome.dir, out);
@@ -175,11 +175,12 @@ fn bench_cache_writes_csv_summary_and_plots() {
     assert_eq!(body.len(), rows.len());
     assert!(body.iter().all(|r| r.len() == header.len()));
     // KV rewind copies and holds nothing; a slack ring holds γmax + 1 = 4 spare slots of
-    // 2 heads × 4 dims × 4 bytes × (K + V) = 64 bytes each.
+    // 2 heads × 4 dims × 4 bytes × (K + V) = 64 bytes each, the staged side buffer its 16.
     for r in &body {
         match r[0] {
             "kv-rewind" => assert_eq!((r[7], r[8]), ("0", "0")),
             "slack-ring" => assert_eq!((r[7], r[8]), ("0", "256")),
+            "staged" => assert_eq!(r[8], "1024"),
             _ => {}
         }
     }

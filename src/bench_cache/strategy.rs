@@ -249,6 +249,15 @@ impl StrategyCache {
         }
     }
 
+    /// Bytes a rotating cache holds beyond its window's K/V (`token` bytes a position, all
+    /// layers): the staged side buffer, kept between steps in slots of 16, or the slack
+    /// ring's spare slots.
+    fn beyond_window(&self, token: usize) -> usize {
+        self.cache
+            .allocated_bytes()
+            .saturating_sub(self.window * token)
+    }
+
     fn step_transactional(
         &mut self,
         kv: &[(Tensor, Tensor)],
@@ -262,10 +271,9 @@ impl StrategyCache {
         let start = Instant::now();
         spec.commit(keep)?;
         let finish = start.elapsed();
-        let appended = kv_len(kv)?;
         let (bytes_copied, bytes_held) = match self.strategy {
-            RollbackStrategy::Staged => (keep * token, appended * token),
-            RollbackStrategy::SlackRing => (0, (self.max_draft + 1) * token),
+            RollbackStrategy::Staged => (keep * token, self.beyond_window(token)),
+            RollbackStrategy::SlackRing => (0, self.beyond_window(token)),
             _ => (0, 0),
         };
         Ok(StepCost {
@@ -304,8 +312,8 @@ impl StrategyCache {
         let finish = start.elapsed();
         let moved: usize = path_moves(path).iter().map(|&(_, _, n)| n).sum();
         let (bytes_copied, bytes_held) = match self.strategy {
-            RollbackStrategy::Staged => (path.len() * token, appended * token),
-            RollbackStrategy::SlackRing => (moved * token, (self.max_draft + 1) * token),
+            RollbackStrategy::Staged => (path.len() * token, self.beyond_window(token)),
+            RollbackStrategy::SlackRing => (moved * token, self.beyond_window(token)),
             _ => (moved * token, 0),
         };
         Ok(StepCost {
