@@ -4,7 +4,9 @@
 //! position from the device) compute what ordinary steps compute: a greedy
 //! continuation of 300 tokens after a 200-token prompt, across a cache growth (new buffers,
 //! new recordings), with a verification block of 5 tokens every 50 steps, a block of 3
-//! outside a speculation and a speculation that rolls back, then a greedy chain fed on the device (bitwise equal to the same chain
+//! outside a speculation and a speculation that rolls back, token trees of 6 nodes in two
+//! appends every 50 steps (masked and rotated at their depths by the split kernel in
+//! recorded steps; a path of some kept), then a greedy chain fed on the device (bitwise equal to the same chain
 //! read back and uploaded; the chain's and a verification block's argmaxes taken inside the
 //! step by `forward_argmax` equal to those of their logits), with graphs on (every seventh decode step on the ordinary path
 //! all the same) and off from identical prefills — logits within `1e-4` relative in f32 and identical tokens. On the
@@ -125,6 +127,30 @@ fn graph_steps_equal_ordinary_steps() {
                     let block = tokens(5, vocab, step);
                     rows.push(model.forward(&block, spec.cache()).unwrap());
                 }
+                // A token tree of 6 nodes appended as 4 and 2 (recorded steps of their own: the
+                // kernel masks each row's non-ancestors and rotates it at its depth), every
+                // row's logits; a root-to-leaf path kept twice, else rolled back.
+                if step % 50 == 25 {
+                    let mut spec = c.speculate().unwrap();
+                    spec.extend_tree(&[None, Some(0), Some(0), Some(1)])
+                        .unwrap();
+                    rows.push(
+                        model
+                            .forward(&tokens(4, vocab, step + 1), spec.cache())
+                            .unwrap(),
+                    );
+                    spec.extend_tree(&[Some(2), Some(3)]).unwrap();
+                    rows.push(
+                        model
+                            .forward(&tokens(2, vocab, step + 2), spec.cache())
+                            .unwrap(),
+                    );
+                    match step {
+                        75 => spec.commit_path(&[0, 1, 3, 5]).unwrap(),
+                        175 => spec.commit_path(&[0, 2, 4]).unwrap(),
+                        _ => drop(spec),
+                    }
+                }
                 // A block of 3 outside a speculation (a staged ring takes it beside the ring
                 // and copies it in after the step), every row's logits.
                 if step == 150 {
@@ -229,6 +255,17 @@ fn graph_steps_equal_ordinary_steps() {
                 censuses.iter().any(|(rows, _)| *rows == 5),
                 "{label}: no verification block inside a speculation was recorded"
             );
+            // Token trees' steps were recorded (words past the length: the tree's), both
+            // appends, on every cache kind and strategy, where the kernel fuses RoPE.
+            if options.fused_rope {
+                let made = model.graph_steps_made();
+                for rows in [4, 2] {
+                    assert!(
+                        made.iter().any(|&(r, words)| r == rows && words > 1),
+                        "{label}: no token tree step of {rows} rows was recorded: {made:?}"
+                    );
+                }
+            }
             // The draft's layers run our kernels only; the others' steps also run candle's
             // ops where theirs are not folded (Gemma's sandwich norms, its GELU), ordinary
             // launches by design.

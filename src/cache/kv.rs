@@ -159,10 +159,10 @@ impl KvCache {
     /// For a forward that writes its K/V itself (a replayed CUDA graph): makes room for `t`
     /// more tokens and returns the whole buffers `[b, h, capacity, d]` with their allocation
     /// id; the caller writes slots `[offset, offset + t)` and then calls [`Self::advance`].
-    /// `None` while the cache has no buffer yet or a token tree is open (the mask then needs
-    /// the cache's help).
-    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<InPlace>> {
-        if self.tree.is_some() {
+    /// `None` while the cache has no buffer yet, or a token tree is open unless `trees` (the
+    /// caller then masks the tree's nodes itself).
+    pub(crate) fn reserve(&mut self, t: usize, trees: bool) -> Result<Option<InPlace>> {
+        if self.tree.is_some() && !trees {
             return Ok(None);
         }
         let Some(buf) = &self.buf else {
@@ -309,6 +309,11 @@ impl KvCache {
     /// Declares the tree the speculation's block follows (nodes appended so far included).
     pub(crate) fn set_tree(&mut self, tree: Arc<TokenTree>) {
         self.tree = Some(tree);
+    }
+
+    /// The tree the open speculation's block follows, and how many of its nodes are appended.
+    pub(crate) fn open_tree(&self) -> Option<(&TokenTree, usize)> {
+        Some((self.tree.as_deref()?, self.offset - self.spec_base?))
     }
 
     /// RoPE positions of the next `t` appended tokens when the block is a tree.

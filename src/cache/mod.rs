@@ -34,6 +34,6 @@ pub use model::{
 };
 pub use prefix::PrefixStore;
 pub use rotating::{RotatingKvCache, RotatingSnapshot, RotatingStrategy};
-pub use tree::TokenTree;
+pub use tree::{TokenTree, STEP_WORDS_MAX_NODES};
 
 pub(crate) use tree::path_moves;

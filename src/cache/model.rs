@@ -318,7 +318,7 @@ impl ModelCache {
         if self.poisoned {
             return Err(CacheError::Poisoned.into());
         }
-        reserve_layers(&mut self.layers, t)
+        reserve_layers(&mut self.layers, t, false)
     }
 
     /// Counts `t` tokens written by a forward into the room [`Self::reserve_in_place`] made
@@ -516,13 +516,18 @@ impl ModelCache {
 }
 
 /// [`ModelCache::reserve_in_place`] over a run of `layers` (one rank's of a split model's
-/// cache, see [`ModelCache::layers_mut`]).
-pub fn reserve_layers(layers: &mut [LayerCache], t: usize) -> Result<Option<Vec<InPlace>>> {
+/// cache, see [`ModelCache::layers_mut`]); an open token tree only with `trees` (the caller
+/// masks its nodes: [`ModelCache::reserve_tree_in_place`]).
+pub fn reserve_layers(
+    layers: &mut [LayerCache],
+    t: usize,
+    trees: bool,
+) -> Result<Option<Vec<InPlace>>> {
     let mut out = Vec::with_capacity(layers.len());
     for layer in layers {
         let bufs = match layer {
-            LayerCache::Kv(c) => c.reserve(t)?,
-            LayerCache::Rotating(c) => c.reserve(t)?,
+            LayerCache::Kv(c) => c.reserve(t, trees)?,
+            LayerCache::Rotating(c) => c.reserve(t, trees)?,
         };
         match bufs {
             Some(bufs) => out.push(bufs),

@@ -191,8 +191,9 @@ impl RotatingKvCache {
     /// [`InPlace::tail`]; the caller then calls [`Self::advance`]. `None` sends the step down
     /// the ordinary path (which also reports what is wrong): a tree, no ring yet, a block too
     /// long for the ring (outside a staged speculation, whose ring of `window` slots takes
-    /// one-token steps) or the open speculation, or stale positions inside the window.
-    pub(crate) fn reserve(&mut self, t: usize) -> Result<Option<InPlace>> {
+    /// one-token steps) or the open speculation, or stale positions inside the window; an
+    /// open token tree unless `trees` (the caller then masks its nodes itself).
+    pub(crate) fn reserve(&mut self, t: usize, trees: bool) -> Result<Option<InPlace>> {
         if t == 0 || self.lo > self.needed_from(self.offset) {
             return Ok(None);
         }
@@ -215,7 +216,12 @@ impl RotatingKvCache {
             None => return Ok(None),
             Some(spec) => {
                 let staged = self.offset + t - spec.base;
-                if spec.tree.is_some() || staged > self.max_speculative() {
+                // A tree's nodes sit from the base on: its queries see the window before it.
+                let tree_stale = self.lo > self.needed_from(spec.base);
+                if spec.tree.is_some() && (!trees || tree_stale) {
+                    return Ok(None);
+                }
+                if staged > self.max_speculative() {
                     return Ok(None);
                 }
                 if self.strategy != RotatingStrategy::Staged {

@@ -9,6 +9,9 @@
 use super::error::CacheError;
 use crate::error::Result;
 
+/// Most nodes a block described by [`TokenTree::step_words`] may follow (one bit a node).
+pub const STEP_WORDS_MAX_NODES: usize = 32;
+
 /// The shape of a speculative block: the parent of every node, in topological order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TokenTree {
@@ -82,6 +85,26 @@ impl TokenTree {
         false
     }
 
+    /// For a kernel that masks a step of the block itself (a replayed CUDA graph's input),
+    /// the step appending nodes `first .. first + t`: `1 + 2t` words — the nodes up to the
+    /// step (`first + t`), each row's depth, each row's ancestors (bit `n` set when node `n`
+    /// is the row's node or one of its ancestors). `None` past [`STEP_WORDS_MAX_NODES`]
+    /// nodes or past the declared ones.
+    pub fn step_words(&self, first: usize, t: usize) -> Option<Vec<u32>> {
+        let nodes = first + t;
+        if nodes > STEP_WORDS_MAX_NODES || nodes > self.len() {
+            return None;
+        }
+        let mut masks = vec![0u32; nodes];
+        for i in 0..nodes {
+            masks[i] = (1u32 << i) | self.parent(i).map_or(0, |p| masks[p]);
+        }
+        let mut words = vec![nodes as u32];
+        words.extend((first..nodes).map(|i| self.depth[i] as u32));
+        words.extend(&masks[first..]);
+        Some(words)
+    }
+
     /// Refuses anything but a root-to-node path: `path[0]` a root, each next node a child of
     /// the one before. The empty path is allowed (nothing kept).
     pub fn check_path(&self, path: &[usize]) -> Result<()> {
@@ -147,5 +170,41 @@ mod tests {
         assert!(TokenTree::new(vec![None, Some(1)]).is_err());
         assert_eq!(path_moves(&[0, 2, 4, 5]), [(1, 2, 1), (2, 4, 2)]);
         assert_eq!(path_moves(&[0, 1, 2]), []);
+    }
+
+    /// A step's words agree with `depth` and `sees` for every split of random trees into
+    /// two appends, and stop at 32 nodes.
+    #[test]
+    fn step_words_match_depth_and_ancestry() {
+        let mut state = 7u64;
+        for n in 1..=STEP_WORDS_MAX_NODES {
+            let parents: Vec<Option<usize>> = (0..n)
+                .map(|i| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = (state >> 33) as usize % (i + 1);
+                    (r < i).then_some(r)
+                })
+                .collect();
+            let tree = TokenTree::new(parents).unwrap();
+            for first in 0..n {
+                let t = n - first;
+                let w = tree.step_words(first, t).unwrap();
+                assert_eq!(w.len(), 1 + 2 * t);
+                assert_eq!(w[0] as usize, n);
+                for r in 0..t {
+                    let i = first + r;
+                    assert_eq!(w[1 + r] as usize, tree.depth(i));
+                    for a in 0..n {
+                        assert_eq!((w[1 + t + r] >> a) & 1 == 1, tree.sees(i, a), "{i} {a}");
+                    }
+                }
+            }
+        }
+        let big = TokenTree::chain(STEP_WORDS_MAX_NODES + 1);
+        assert!(big.step_words(0, STEP_WORDS_MAX_NODES + 1).is_none());
+        assert!(big.step_words(0, STEP_WORDS_MAX_NODES).is_some());
+        assert!(TokenTree::chain(3).step_words(2, 2).is_none());
     }
 }

@@ -206,7 +206,10 @@ impl Attention {
     /// after this attention, whose first rows RoPE's kernel prefetches into the L2 (the
     /// engine option `l2_prefetch_mb`). With the engine option `fused_rope` the split
     /// attention kernel rotates q and stores the step's K/V itself (and with `qk_norm_fold`
-    /// applies the q/k norms first); off, RoPE's own kernel does it first.
+    /// applies the q/k norms first); off, RoPE's own kernel does it first. `tree`: the step's
+    /// rows are nodes of the open speculation's token tree, described by a u32 device tensor
+    /// of `TokenTree::step_words` (the kernel masks them and rotates them at their depths;
+    /// needs the fused RoPE).
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_in_place(
         &self,
@@ -215,6 +218,7 @@ impl Attention {
         (len, reach): (&Tensor, usize),
         ring: Option<RingStep<'_>>,
         prefetch: Option<&Tensor>,
+        tree: Option<&Tensor>,
     ) -> Result<Tensor> {
         // The split kernel takes the q/k norms where it fuses RoPE.
         let fused = super::cuda::fused_rope();
@@ -222,9 +226,9 @@ impl Attention {
         let (q, k, v) = self.project(input, !fold_norms)?;
         let capacity = k_buf.dim(2)?;
         let (cos, sin) = self.rope.table(ring.map_or(capacity, |r| r.positions))?;
-        if ring.is_some() && !fused {
+        if (ring.is_some() || tree.is_some()) && !fused {
             return Err(crate::error::Error::invalid(
-                "a ring's in-place step needs the fused RoPE (engine option fused_rope)",
+                "a ring's or a tree's in-place step needs the fused RoPE (engine option fused_rope)",
             ));
         }
         let (q, rope) = if fused {
@@ -245,6 +249,7 @@ impl Attention {
                 v,
                 prefetch: prefetch.cloned(),
                 qk_norm,
+                tree: tree.cloned(),
             };
             (q.transpose(0, 1)?.unsqueeze(0)?, Some(rope)) // [1, heads, t, d], strided
         } else {

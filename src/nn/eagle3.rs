@@ -275,14 +275,14 @@ impl Eagle3Head {
             let features =
                 features.ok_or_else(|| Error::invalid("eagle3: graph step without features"))?;
             let (out, logits) = self.step(ids, features, last, |attn, x| {
-                attn.forward_in_place(AttnInput::Normed(x), (k, v), (len, reach), None, None)
+                attn.forward_in_place(AttnInput::Normed(x), (k, v), (len, reach), None, None, None)
             })?;
             Ok((logits, Some(out)))
         };
         let ids = super::tokens::StepIds::Device(&tokens);
         let Some((logits, out)) =
             self.graphs
-                .run(dev, (slot, false), key, ids, len, Some(features), step)?
+                .run(dev, (slot, false), key, ids, &[len], Some(features), step)?
         else {
             return Ok(None);
         };

@@ -282,7 +282,7 @@ impl Decoder {
         let Some(gate_ups) = self.graph_weights() else {
             return Ok(None);
         };
-        let Some(bufs) = crate::cache::reserve_layers(run, t)? else {
+        let Some(bufs) = crate::cache::reserve_layers(run, t, false)? else {
             return Ok(None);
         };
         let len = (offset + t) as u32;
@@ -296,7 +296,7 @@ impl Decoder {
             (slot, false),
             key,
             StepIds::Device(&step_ids),
-            len,
+            &[len],
             None,
             |ids, len, _| {
                 let mut input = Input::Embedded(self.embed_rows(ids, true)?);
@@ -305,7 +305,7 @@ impl Decoder {
                     let (gate_up, ring) = (*gate_up, super::transformer::ring_step(*ring, buf));
                     input = block.forward_sharded_with(input, reduce, |attn, input| {
                         let kv = (&buf.k, &buf.v);
-                        attn.forward_in_place(input, kv, (len, *reach), ring, Some(gate_up))
+                        attn.forward_in_place(input, kv, (len, *reach), ring, Some(gate_up), None)
                     })?;
                 }
                 // Ranks past 0 hand out their last stream (the recording's output).

@@ -89,6 +89,18 @@ impl Decoder {
         0
     }
 
+    /// Every CUDA-graph step recorded, kept or since dropped, in the order made: its rows and
+    /// the words it reads after its ids (1, the length; more for a token tree's step). Empty
+    /// off CUDA.
+    pub fn graph_steps_made(&self) -> Vec<(usize, usize)> {
+        #[cfg(feature = "cuda")]
+        {
+            self.graphs.made()
+        }
+        #[cfg(not(feature = "cuda"))]
+        Vec::new()
+    }
+
     /// The nodes and edges of each CUDA-graph step kept, with its rows, where counted (see
     /// [`super::graphs::count_graph_censuses`]); empty off CUDA.
     pub fn graph_censuses(&self) -> Vec<(usize, super::graphs::GraphCensus)> {
@@ -371,11 +383,27 @@ impl Decoder {
         let Some(gate_ups) = self.graph_weights() else {
             return Ok(None);
         };
-        let Some(bufs) = cache.reserve_in_place(tokens.len())? else {
-            return Ok(None);
+        // A token tree's nodes in place too, where the kernel masks them (with the fused
+        // RoPE); `reserve_in_place` refuses an open tree.
+        let tree_step = match super::cuda::fused_rope() {
+            true => cache.reserve_tree_in_place(t)?,
+            false => None,
+        };
+        let (bufs, tree) = match tree_step {
+            Some((bufs, words)) => (bufs, Some(words)),
+            None => match cache.reserve_in_place(t)? {
+                Some(bufs) => (bufs, None),
+                None => return Ok(None),
+            },
         };
         let len = (cache.offset() + tokens.len()) as u32;
         let mut key = in_place_key(&bufs);
+        // A tree step reads its words (another recording than a chain's).
+        let mut words = vec![len];
+        if let Some(tree) = &tree {
+            key.push(u64::MAX - 2);
+            words.extend(tree);
+        }
         // A step that hands out hidden states is another recording per set of layers.
         let taps = cache.hidden_layers().map(<[usize]>::to_vec);
         if let Some(taps) = &taps {
@@ -390,9 +418,14 @@ impl Decoder {
             (slot, greedy),
             key,
             tokens,
-            len,
+            &words,
             None,
-            |ids, len, _| {
+            |ids, words, _| {
+                let len = &words.narrow(0, 0, 1)?;
+                let tree = match tree {
+                    Some(_) => Some(words.narrow(0, 1, words.dim(0)? - 1)?),
+                    None => None,
+                };
                 let mut input = Input::Embedded(self.embed_rows(ids, true)?);
                 let mut tapped = Vec::new();
                 let per_layer = self.blocks.iter().zip(&bufs).zip(&gate_ups).zip(&layers);
@@ -401,7 +434,15 @@ impl Decoder {
                     let (gate_up, ring) = (*gate_up, ring_step(*ring, buf));
                     input = block.forward_with(input, |attn, input| {
                         let kv = (&buf.k, &buf.v);
-                        attn.forward_in_place(input, kv, (len, *reach), ring, Some(gate_up))
+                        let gate_up = Some(gate_up);
+                        attn.forward_in_place(
+                            input,
+                            kv,
+                            (len, *reach),
+                            ring,
+                            gate_up,
+                            tree.as_ref(),
+                        )
                     })?;
                 }
                 tap(&taps, self.blocks.len(), &input, &mut tapped)?;

@@ -2,8 +2,9 @@
 //! accepted root-to-node path, in every layer.
 use std::sync::Arc;
 
-use super::{LayerCache, Speculation};
+use super::{reserve_layers, LayerCache, ModelCache, Speculation};
 use crate::cache::error::CacheError;
+use crate::cache::in_place::InPlace;
 use crate::cache::tree::TokenTree;
 use crate::error::Result;
 
@@ -14,6 +15,14 @@ impl LayerCache {
         match self {
             LayerCache::Kv(c) => c.tree_positions(t),
             LayerCache::Rotating(c) => c.tree_positions(t),
+        }
+    }
+
+    /// The tree the open speculation's block follows, and how many of its nodes are appended.
+    fn open_tree(&self) -> Option<(&TokenTree, usize)> {
+        match self {
+            LayerCache::Kv(c) => c.open_tree(),
+            LayerCache::Rotating(c) => c.open_tree(),
         }
     }
 
@@ -29,6 +38,27 @@ impl LayerCache {
             LayerCache::Kv(c) => c.commit_path(path),
             LayerCache::Rotating(c) => c.commit_path(path),
         }
+    }
+}
+
+impl ModelCache {
+    /// For a forward that writes K/V itself and masks a token tree's nodes itself (a replayed
+    /// CUDA graph): like [`ModelCache::reserve_in_place`] for a step of `t` nodes of the open
+    /// speculation's tree, with the step's [`TokenTree::step_words`]. `None` without an open
+    /// tree, past [`crate::cache::STEP_WORDS_MAX_NODES`] nodes, or where a layer cannot take
+    /// the step in place.
+    pub fn reserve_tree_in_place(&mut self, t: usize) -> Result<Option<(Vec<InPlace>, Vec<u32>)>> {
+        if self.poisoned {
+            return Err(CacheError::Poisoned.into());
+        }
+        let words = self.layers.first().and_then(|layer| {
+            let (tree, first) = layer.open_tree()?;
+            tree.step_words(first, t)
+        });
+        let Some(words) = words else {
+            return Ok(None);
+        };
+        Ok(reserve_layers(&mut self.layers, t, true)?.map(|bufs| (bufs, words)))
     }
 }
 

@@ -18,6 +18,12 @@ impl RotatingKvCache {
         }
     }
 
+    /// The tree the open speculation's block follows, and how many of its nodes are appended.
+    pub(crate) fn open_tree(&self) -> Option<(&TokenTree, usize)> {
+        let spec = self.spec.as_ref()?;
+        Some((spec.tree.as_deref()?, self.offset - spec.base))
+    }
+
     /// RoPE positions of the next `t` appended tokens when the block is a tree.
     pub(crate) fn tree_positions(&self, t: usize) -> Option<Vec<usize>> {
         let spec = self.spec.as_ref()?;

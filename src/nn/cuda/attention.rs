@@ -132,6 +132,11 @@ pub struct AttnRope {
     /// The per-head q/k RMSNorms to apply before RoPE (Qwen3, Gemma 3): `q` and the step's
     /// keys are then the projection's output before the norms.
     pub qk_norm: Option<QkNorm>,
+    /// The step's rows are the newest nodes of a token tree appended inside a speculation:
+    /// a `[1 + 2t]` u32 device tensor (a replayed graph's input), the words of
+    /// `TokenTree::step_words` — the tree's nodes up to the step, each row's depth, each
+    /// row's ancestors (bit `n`: the tree's node `n`, itself included).
+    pub tree: Option<Tensor>,
 }
 
 /// The per-head RMSNorms of queries and keys that [`AttnRope`] applies.
@@ -544,6 +549,34 @@ impl SplitAttention {
                     l.null().null().val(0f32).val(0f32);
                 }
             }
+        }
+        let tree_guard = self
+            .rope
+            .as_ref()
+            .and_then(|r| r.tree.as_ref())
+            .map(|w| w.storage_and_layout());
+        let tree_slice = match &tree_guard {
+            Some((storage, layout)) => {
+                if layout.dims() != [1 + 2 * t] || !layout.is_contiguous() {
+                    candle_core::bail!(
+                        "split attention: a tree of {:?} words for {t} rows (1 + 2t asked)",
+                        layout.dims()
+                    );
+                }
+                match &**storage {
+                    Storage::Cuda(s) => {
+                        Some(s.as_cuda_slice::<u32>()?.slice(layout.start_offset()..))
+                    }
+                    _ => candle_core::bail!("split attention: the tree is not on the GPU"),
+                }
+            }
+            None => None,
+        };
+        if self.rope.is_some() {
+            match &tree_slice {
+                Some(s) => l.ptr(s),
+                None => l.null(),
+            };
         }
         let cfg = LaunchConfig {
             grid_dim: grid,

@@ -196,6 +196,14 @@ __device__ void attn_combine_cluster(const float *cm, const float *cl, const flo
 // step's t new positions (the tail's last t) are written to the side buffer (`rope.kw`,
 // `rope.vw` are then the side buffer).
 //
+// Token tree (`rope.tree` not null; with RoPE fused): the positions from `base = len -
+// tree[0]` on are the nodes of a token tree appended inside a speculation, in the order
+// appended (slots as for a chain), at most 32 of them. Row i's node has RoPE position
+// base + tree[1 + i] (its depth) and sees the keys below `base` (those within the window of
+// that position) and the nodes whose bit is set in tree[1 + t + i] (bit n: node base + n is
+// the row's ancestor or itself); the step's new keys are rotated at their nodes' positions.
+// The splits are those of the chain of the same slots, so a block reads what a chain would.
+//
 // Per-head q/k RMSNorm fused too (`rope.qn` not null: Qwen3, Gemma 3): before RoPE, each
 // query head's row and each new key row become x * rsqrt(mean(x^2) + eps) * w, rounded to T
 // as the separate norm rounds it; every row's scale is summed by one warp in one order, so a
@@ -207,6 +215,7 @@ template <typename T> struct FusedRope {
   T *kw, *vw;              // the cache buffers k and v view, written
   const T *qn, *kn;        // [d] q and k norm weights, or null (no q/k norm)
   float q_eps, k_eps;
+  const uint32_t *tree;    // a token tree's rows (see attn_split), or null (a chain)
 };
 
 // A staged ring's side buffer (see attn_split); `n` = 0: none.
@@ -233,7 +242,13 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   const int row = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
   const int h0 = blockIdx.y * group + hb * HB, nh = min(HB, group - hb * HB);
   const int len = len_ptr ? (int)*len_ptr : (int)len_arg;
+  // qpos: the row's index among the keys (a slot's order); rpos: its position (RoPE, the
+  // window), the same but for a tree's node.
   const int qpos = len - t + row;
+  const uint32_t *tree = ROPE ? rope.tree : nullptr;
+  const int tree_base = tree ? len - (int)tree[0] : len;
+  const unsigned ancestors = tree ? tree[1 + t + row] : 0u;
+  const int rpos = tree ? tree_base + (int)tree[1 + row] : qpos;
   // The splits holding a key this query sees: [first_split, end_split). This block takes
   // those congruent to blockIdx.z modulo gridDim.z, one after another; a block without any
   // (a graph's splits span the cache's capacity) leaves at once.
@@ -250,11 +265,11 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // partial row `splits`.
   const bool has_tail = RING && tail.n > 0;
   const int tbase = has_tail ? len - tail.n : len;
-  const int vis = RING ? max(max(window > 0 ? qpos + 1 - window : 0, ring_lo), 0) : 0;
+  const int vis = RING ? max(max(window > 0 ? rpos + 1 - window : 0, ring_lo), 0) : 0;
   const int vslot = RING ? vis % ring : 0,
             vn = has_tail ? max(0, tbase - vis) : qpos + 1 - vis;
   const int first_split =
-      RING ? vslot / split_len : window > 0 ? max(0, qpos + 1 - window) / split_len : 0;
+      RING ? vslot / split_len : window > 0 ? max(0, rpos + 1 - window) / split_len : 0;
   const int end_split =
       RING ? (vn == 0 ? first_split
                       : min(vslot + vn <= ring ? (vslot + vn - 1) / split_len + 1
@@ -349,8 +364,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       float x = 0.f;
       if (ROPE && h < nh) {
         const int f = e % HALF;
-        const float c = to_f32(rope.cos[(long)qpos * HALF + f]);
-        const float sn = to_f32(rope.sin[(long)qpos * HALF + f]);
+        const float c = to_f32(rope.cos[(long)rpos * HALF + f]);
+        const float sn = to_f32(rope.sin[(long)rpos * HALF + f]);
         float x1 = to_f32(qr[f]), x2 = to_f32(qr[f + HALF]);
         if (qk_norm) {
           x1 = normed(x1, qscale[h], rope.qn, f);
@@ -371,8 +386,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     const bool visible = window <= 0 || p > qpos - window;
     if (ROPE && i < writes && visible && split >= start && (split - start) % zs == 0) {
       const int n = p - fresh;
-      const float c = to_f32(rope.cos[(long)p * HALF + f]);
-      const float sn = to_f32(rope.sin[(long)p * HALF + f]);
+      const long pp = tree ? tree_base + (long)tree[1 + n] : p;  // the node's position
+      const float c = to_f32(rope.cos[pp * HALF + f]);
+      const float sn = to_f32(rope.sin[pp * HALF + f]);
       const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
       float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
       if (qk_norm) {
@@ -406,7 +422,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                    : RING  ? min(ring, (split + 1) * split_len)
                            : min(qpos + 1, (split + 1) * split_len);
     int lo = in_tail ? max(vis - tbase, 0) : split * split_len;
-    if (window > 0 && !RING) lo = max(lo, qpos + 1 - window);
+    if (window > 0 && !RING) lo = max(lo, rpos + 1 - window);
     float m[HB], l[HB], acc[HB][E];
 #pragma unroll
     for (int h = 0; h < HB; ++h) {
@@ -417,8 +433,12 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     }
     for (int tile = (in_tail ? 0 : split * split_len) + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
-      const bool live =
-          j >= lo && j < hi && (!RING || in_tail || (j - vslot + ring) % ring < vn);
+      bool live = j >= lo && j < hi && (!RING || in_tail || (j - vslot + ring) % ring < vn);
+      if (tree && live) {
+        // The key's index: a tree's node is seen by its descendants only.
+        const int idx = in_tail ? tbase + j : RING ? vis + (j - vslot + ring) % ring : j;
+        live = idx < tree_base || (ancestors >> (idx - tree_base)) & 1u;
+      }
       if (!__any_sync(0xffffffffu, live)) continue;  // nothing visible in this tile
       // Value rows in batches of VB independent loads, each batch one round trip to memory
       // (rows past `hi` are not read; rows below `lo` are cache rows with probability 0).
@@ -606,7 +626,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                   const T *k_new, long k_row,                                                 \
                   const T *v_new, long v_row, const T *cos, const T *sin, T *kw, T *vw,       \
                   const char *pf0, long pf0_n, const char *pf1, long pf1_n, const T *qn,      \
-                  const T *kn, float q_eps, float k_eps) {                                     \
+                  const T *kn, float q_eps, float k_eps, const uint32_t *tree) {               \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, W, true, false, false, RING>(q, k, v, part, y, len_ptr, len_arg, t,  \
                                                       heads, group,                           \
@@ -614,7 +634,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                splits, window, softcap, ring, ring_lo,                        \
                                RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n},         \
                                FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin, kw, vw, qn, \
-                                            kn, q_eps, k_eps});                                \
+                                            kn, q_eps, k_eps, tree});                          \
   }
 // `_ring` after the head and warp counts: the same over a ring (RING).
 #define ATTN_SPLIT(NAME, T, E)                                                                 \
@@ -637,7 +657,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
            long tail_head_stride, int tail_n, const T *k_new, long k_row,                     \
            const T *v_new, long v_row,                                                        \
            const T *cos, const T *sin, T *kw, T *vw, const char *pf0, long pf0_n,            \
-           const char *pf1, long pf1_n, const T *qn, const T *kn, float q_eps, float k_eps) { \
+           const char *pf1, long pf1_n, const T *qn, const T *kn, float q_eps, float k_eps,  \
+           const uint32_t *tree) {                                                            \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
     attn_split<T, E, HB, 8, true, HV, CL, RING>(q, k, v, part, y, len_ptr, len_arg, t, heads,  \
                                                 group,                                         \
@@ -645,7 +666,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                           split_len, splits, window, softcap, ring, ring_lo,  \
                                           RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n}, \
                                           FusedRope<T>{k_new, v_new, k_row, v_row, cos, sin,  \
-                                                       kw, vw, qn, kn, q_eps, k_eps});        \
+                                                       kw, vw, qn, kn, q_eps, k_eps, tree});  \
   }
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
   ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false, false)                         \

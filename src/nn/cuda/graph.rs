@@ -100,6 +100,8 @@ struct Inner {
     /// Set when recording failed once: the model stays on the ordinary path.
     disabled: bool,
     recordings: Vec<(usize, Recording)>,
+    /// Every recording made, kept or since dropped: its rows and the words it reads.
+    made: Vec<(usize, usize)>,
 }
 
 impl std::fmt::Debug for Graphs {
@@ -144,17 +146,24 @@ fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
 /// Writes the step's input into a recording's `io` buffer (`[t + 1]` u32), on the device's
 /// stream: the ids (uploaded, or copied on the device from where the step before left them),
 /// then the cache length.
-fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, len: u32) -> Result<()> {
+fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, words: &[u32]) -> Result<()> {
     let t = ids.len();
+    if io.dim(0)? != t + words.len() {
+        return Err(Error::invalid(format!(
+            "graph step: {t} ids and {} words for a recording of {} inputs",
+            words.len(),
+            io.dim(0)?
+        )));
+    }
     match ids {
         StepIds::Host(tokens) => {
             let mut data = tokens.to_vec();
-            data.push(len);
+            data.extend_from_slice(words);
             write_u32(dev, io, &data)
         }
         StepIds::Device(d) => {
             io.slice_set(d.ids(), 0, 0)?;
-            write_u32(dev, &io.narrow(0, t, 1)?, &[len])
+            write_u32(dev, &io.narrow(0, t, words.len())?, words)
         }
     }
 }
@@ -171,6 +180,12 @@ impl Graphs {
         self.inner.lock().map_or(0, |i| i.recordings.len())
     }
 
+    /// The rows and words (see [`Self::run`]) of every recording made here, those since
+    /// dropped included, in the order made.
+    pub fn made(&self) -> Vec<(usize, usize)> {
+        self.inner.lock().map_or(Vec::new(), |i| i.made.clone())
+    }
+
     /// The counted censuses of the recordings kept (see [`count_censuses`]), with each
     /// recording's rows.
     pub fn censuses(&self) -> Vec<(usize, Census)> {
@@ -182,11 +197,13 @@ impl Graphs {
         })
     }
 
-    /// Runs one step of `ids.len()` tokens that leaves the cache `len` long, replaying the
-    /// recording in `slot` (one per kind of step; `greedy` as below) made for `key`, or
+    /// Runs one step of `ids.len()` tokens that leaves the cache `words[0]` long, replaying
+    /// the recording in `slot` (one per kind of step; `greedy` as below) made for `key`, or
     /// recording it anew:
-    /// `step(ids, len)` is the step as device work only (no host reads or uploads) given
-    /// `ids: [t]` and `len: [1]` u32 tensors, and returns the logits. A step not recorded yet
+    /// `step(ids, words)` is the step as device work only (no host reads or uploads) given
+    /// `ids: [t]` and `words` (the length, then any further words the step reads, such as a
+    /// token tree's: the key must tell their counts apart) as u32 tensors, and returns the
+    /// logits. A step not recorded yet
     /// runs `step` eagerly (that is this step's result) and is recorded at once, so every
     /// step of a block length takes the same kernels, eager or replayed: a greedy speculative
     /// run and the autoregressive run it is compared with see the same logits (the ordinary
@@ -208,7 +225,7 @@ impl Graphs {
         (slot, greedy): (usize, bool),
         key: Vec<u64>,
         ids: StepIds,
-        len: u32,
+        words: &[u32],
         input: Option<&Tensor>,
         step: impl Fn(&Tensor, &Tensor, Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)>,
     ) -> Result<Option<(Tensor, Option<Tensor>)>> {
@@ -229,7 +246,7 @@ impl Graphs {
             let hit = inner.recordings.remove(i);
             inner.recordings.push(hit);
             let rec = &inner.recordings[inner.recordings.len() - 1].1;
-            write_io(dev, &rec.io, ids, len)?;
+            write_io(dev, &rec.io, ids, words)?;
             if let (Some(buf), Some(rows)) = (&rec.input, input) {
                 buf.slice_set(&rows.contiguous()?, 0, 0)?;
             }
@@ -244,9 +261,9 @@ impl Graphs {
             inner.recordings.remove(0);
         }
         let device = candle_core::Device::Cuda(dev.clone());
-        let io = Tensor::zeros(t + 1, DType::U32, &device)?;
-        write_io(dev, &io, ids, len)?;
-        let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, 1)?);
+        let io = Tensor::zeros(t + words.len(), DType::U32, &device)?;
+        write_io(dev, &io, ids, words)?;
+        let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, words.len())?);
         // The recording's own copy of the input rows (contiguous, at a fixed address).
         let input = match input {
             Some(rows) => {
@@ -286,6 +303,7 @@ impl Graphs {
                 if let Some(census) = graph.census.filter(|_| census_printed()) {
                     eprintln!("graph of {t} rows: {census:?}");
                 }
+                inner.made.push((t, words.len()));
                 inner.recordings.push((
                     slot,
                     Recording {
