@@ -11,8 +11,9 @@
 //!    128, 1,024, 4,096 and 8,000, cut at the model's context; into a cache first grown to
 //!    `SPECDEC_BENCH_CAPACITY` positions where set, as an engine's caches stay grown from one
 //!    prompt to the next), the prompt's prefill time and
-//!    `SPECDEC_BENCH_ROUNDS` (default 16) interleaved rounds of 4 decode steps and one
-//!    verification forward of 5 tokens (γ = 4, inside a speculation that rolls back). Every
+//!    `SPECDEC_BENCH_ROUNDS` (default 16) interleaved rounds of 4 decode steps, one
+//!    verification forward of 5 tokens (γ = 4) and one of a token tree of 8 nodes (`TREE`:
+//!    two children a node, depth 3), each inside a speculation that rolls back. Every
 //!    forward ends with the argmax of its logits read back to the host — the one device →
 //!    host synchronisation a decode step needs — so times are completed work, not queued
 //!    work. Also given: the host time until the decode forward returns (enqueue), which is
@@ -53,6 +54,18 @@ use specdec::stats::median;
 
 const DECODES_PER_ROUND: usize = 4;
 const VERIFY: usize = 5;
+/// The token tree verified beside the chain: the parents of its 8 nodes (a root with two
+/// children, two grandchildren under the first, one under the second, one level more).
+const TREE: [Option<usize>; 8] = [
+    None,
+    Some(0),
+    Some(0),
+    Some(1),
+    Some(1),
+    Some(2),
+    Some(3),
+    Some(5),
+];
 const PROFILE_STEPS: usize = 8;
 
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
@@ -188,6 +201,8 @@ struct ContextRow {
     enqueue_ms: f64,
     verify_ms: f64,
     verify_ratio: f64,
+    tree_ms: f64,
+    tree_ratio: f64,
 }
 
 fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
@@ -214,8 +229,10 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
     let prefill_s = start.elapsed().as_secs_f64();
 
     let block = tokens(VERIFY, vocab, 1);
+    let tree_block = tokens(TREE.len(), vocab, 2);
     let (mut decode, mut chained, mut enqueue, mut verify, mut ratio) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut tree, mut tree_ratio) = (vec![], vec![]);
     for round in 0..rounds + 1 {
         let mut spent = Duration::ZERO;
         let mut queued = Duration::ZERO;
@@ -246,6 +263,13 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
             // `spec` drops: the cache rolls back.
         }
         let v = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        {
+            let mut spec = cache.speculate().expect("speculate");
+            spec.extend_tree(&TREE).expect("tree");
+            finish(&model.forward(&tree_block, spec.cache()).expect("tree"));
+        }
+        let tv = start.elapsed().as_secs_f64();
         if round == 0 {
             continue; // warm-up round
         }
@@ -255,6 +279,8 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         enqueue.push(queued.as_secs_f64() / DECODES_PER_ROUND as f64);
         verify.push(v);
         ratio.push(v / d);
+        tree.push(tv);
+        tree_ratio.push(tv / d);
     }
     let timed = |v: &[f64]| median(v).expect("a timed round: SPECDEC_BENCH_ROUNDS >= 2");
     ContextRow {
@@ -265,6 +291,8 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         enqueue_ms: 1e3 * timed(&enqueue),
         verify_ms: 1e3 * timed(&verify),
         verify_ratio: timed(&ratio),
+        tree_ms: 1e3 * timed(&tree),
+        tree_ratio: timed(&tree_ratio),
     }
 }
 
@@ -455,16 +483,16 @@ fn main() {
             bound_ms,
             1e3 / bound_ms
         );
-        println!("| context | prefill s | decode ms/token | tok/s | % of bound | host enqueue ms | chained ms/step | verify 5 ms | verify 5 / decode |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| context | prefill s | decode ms/token | tok/s | % of bound | host enqueue ms | chained ms/step | verify 5 ms | verify 5 / decode | tree 8 ms | tree 8 / decode |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         let mut rows_json = Vec::new();
         for &context in contexts
             .iter()
-            .filter(|&&c| c + 2 * (rounds + 1) * DECODES_PER_ROUND + VERIFY < limit)
+            .filter(|&&c| c + 2 * (rounds + 1) * DECODES_PER_ROUND + VERIFY.max(TREE.len()) < limit)
         {
             let r = context_row(&model, context, rounds);
             println!(
-                "| {} | {:.3} | {:.3} | {:.1} | {:.0}% | {:.3} | {:.3} | {:.3} | {:.2} |",
+                "| {} | {:.3} | {:.3} | {:.1} | {:.0}% | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} |",
                 r.context,
                 r.prefill_s,
                 r.decode_ms,
@@ -473,7 +501,9 @@ fn main() {
                 r.enqueue_ms,
                 r.chained_ms,
                 r.verify_ms,
-                r.verify_ratio
+                r.verify_ratio,
+                r.tree_ms,
+                r.tree_ratio
             );
             if context == contexts[0] {
                 decode_128.push((r.decode_ms, r.chained_ms));
@@ -482,6 +512,7 @@ fn main() {
                 "context": r.context, "prefill_s": r.prefill_s, "decode_ms": r.decode_ms,
                 "enqueue_ms": r.enqueue_ms, "chained_ms": r.chained_ms, "verify5_ms": r.verify_ms,
                 "verify5_over_decode": r.verify_ratio,
+                "tree8_ms": r.tree_ms, "tree8_over_decode": r.tree_ratio,
             }));
         }
         let reduce = (ranks > 1 && device.is_cuda()).then(|| {

@@ -89,6 +89,11 @@ pub struct EngineOptions {
     /// Row argmaxes of long rows (a vocabulary of 16k ids or more) spread each row over
     /// several blocks (default on; off: one block a row). The same ids either way.
     pub argmax_split: bool,
+    /// Token trees' blocks (and a drafter's tree steps) of up to 32 nodes are recorded steps
+    /// like chains, the split kernel masking each node's non-ancestors and rotating it at its
+    /// depth over the cache in place (default on, with `fused_rope`; off: the masked product
+    /// over the cache the ordinary path returns, not recorded).
+    pub tree_in_place: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -116,6 +121,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     gelu_gate: true,
     qk_norm_fold: true,
     argmax_split: true,
+    tree_in_place: true,
 };
 
 impl Default for EngineOptions {
@@ -225,11 +231,12 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 23);
+        assert_eq!(keys.len(), 24);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "bias_fold"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
         assert!(keys.iter().any(|k| k == "ring_in_place"));
+        assert!(keys.iter().any(|k| k == "tree_in_place"));
     }
 }

@@ -385,7 +385,8 @@ impl Decoder {
         };
         // A token tree's nodes in place too, where the kernel masks them (with the fused
         // RoPE); `reserve_in_place` refuses an open tree.
-        let tree_step = match super::cuda::fused_rope() {
+        let trees = super::cuda::fused_rope() && crate::engine::get().tree_in_place;
+        let tree_step = match trees {
             true => cache.reserve_tree_in_place(t)?,
             false => None,
         };
