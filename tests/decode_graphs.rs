@@ -257,7 +257,7 @@ fn graph_steps_equal_ordinary_steps() {
             );
             // Token trees' steps were recorded (words past the length: the tree's), both
             // appends, on every cache kind and strategy, where the kernel fuses RoPE.
-            if options.fused_rope {
+            if options.fused_rope && options.tree_in_place {
                 let made = model.graph_steps_made();
                 for rows in [4, 2] {
                     assert!(
