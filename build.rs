@@ -1,6 +1,6 @@
 //! With the `cuda` feature, compiles specdec's own kernels (`src/nn/cuda/kernels.cu`, one
 //! translation unit that includes the family files beside it: `common.cuh`, `attn_split.cu`,
-//! `prefill.cu`, `gemv.cu`, `elementwise.cu`) with `nvcc` (on `PATH`, as
+//! `attn_combine.cuh`, `prefill.cu`, `gemv.cu`, `elementwise.cu`) with `nvcc` (on `PATH`, as
 //! `scripts/build-cuda.sh` sets up) into one fat binary for the compute capability in
 //! `CUDA_COMPUTE_CAP` (default 80): machine code (SASS) for that architecture, which also
 //! runs on later GPUs of the same major version, and its PTX, which the driver compiles for
@@ -24,6 +24,7 @@ fn main() {
         "kernels.cu",
         "common.cuh",
         "attn_split.cu",
+        "attn_combine.cuh",
         "prefill.cu",
         "gemv.cu",
         "elementwise.cu",

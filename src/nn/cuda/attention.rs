@@ -23,7 +23,7 @@ const WIDE_WARPS: u32 = 8;
 /// an 8k cache still spreads over 32 splits per head. The boundaries depend on the cache's
 /// capacity only, never on the row count, so verification rows stay bitwise decode rows.
 pub const SPLIT_LEN: usize = 256;
-/// Most splits (`MAX_SPLITS` in attn_split.cu); longer caches take longer splits.
+/// Most splits (`MAX_SPLITS` in attn_combine.cuh); longer caches take longer splits.
 const MAX_SPLITS: usize = 512;
 
 /// Keys per split of a cache of `capacity` keys: [`SPLIT_LEN`], longer where that would
@@ -151,7 +151,7 @@ pub struct QkNorm {
     pub k_eps: f32,
 }
 
-/// Most splits a cluster combines (`CL_MAX` in attn_split.cu: the portable cluster size).
+/// Most splits a cluster combines (`CL_MAX` in attn_combine.cuh: the portable cluster size).
 const CLUSTER_SPLITS: usize = 8;
 
 /// Query heads a block of the split kernel groups, under the engine options `o`, for `rows`
@@ -361,14 +361,17 @@ impl SplitAttention {
             );
         }
         let fused = if self.rope.is_some() { "_rope" } else { "" };
+        // A token tree's step takes the eight-warp `_tree` kernels (no cluster, no early values).
+        let tree = self.rope.as_ref().is_some_and(|r| r.tree.is_some());
         // Eight warps a block from `attn_wide_min_len` keys (0: always).
-        let (warps, wide) = if reach >= o.attn_wide_min_len {
+        let (warps, wide) = if reach >= o.attn_wide_min_len || tree {
             (WIDE_WARPS, "_w8")
         } else {
             (WARPS, "")
         };
         // The row's splits as one cluster (no partial sums in global memory).
         let cluster = !fused.is_empty()
+            && !tree
             && self.ring.is_none()
             && warps == WIDE_WARPS
             && (2..=CLUSTER_SPLITS).contains(&live)
@@ -398,6 +401,7 @@ impl SplitAttention {
         // several waves it was slower). The same arithmetic either way.
         let blocks = (grid.0 * grid.1 * grid.2) as usize;
         let hv = if !fused.is_empty()
+            && !tree
             && warps == WIDE_WARPS
             && d <= 64
             && o.attn_early_values
@@ -410,9 +414,10 @@ impl SplitAttention {
         let mut l = Launch::new(
             dev,
             &format!(
-                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}",
+                "attn_split_{name}_d{d}_h{hb}{wide}{}{fused}{hv}{}{}",
                 if self.ring.is_some() { "_ring" } else { "" },
-                if cluster { "_cl" } else { "" }
+                if cluster { "_cl" } else { "" },
+                if tree { "_tree" } else { "" }
             ),
         )?;
         if cluster {

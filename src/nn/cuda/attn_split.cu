@@ -4,146 +4,12 @@
 // fused in.
 #pragma once
 #include "common.cuh"
+#include "attn_combine.cuh"
 
 // Split counts of attn_split, per (row, head): zero at module load, back to zero after each
 // launch. `ATTN_COUNTERS` in attention.rs.
 constexpr int ATTN_COUNTERS = 8192;
 __device__ unsigned int attn_done[ATTN_COUNTERS];
-// Most splits (`MAX_SPLITS` in attention.rs): the combine stages one weight per split and head
-// in shared memory.
-constexpr int MAX_SPLITS = 512;
-
-// Combines the n splits' partial results of nh ≤ HB heads at once: head h's split s is
-// p[h * head_stride + at(s) * (D + 2) ...] = (m, l, acc[D]) with at(s) = first + s, less
-// `splits` past the last split (a ring's visible splits wrap), and at(n - 1) = `tail_at`
-// where that is not negative (a staged tail's entry, after the ring's), and its output
-// out[h * D + e] = sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s.
-// Warp h takes head h's scalars (one round of independent loads for the m's, one for the l's,
-// the weights staged in shared memory); then every thread sums its (head, dimension) items
-// over the splits, eight splits' loads in flight per item. All heads' chains of loads
-// overlap: combining four heads one after another made an 8k-key decode step's combine a
-// chain of ~24 dependent L2 round trips, now ~6. Per head the arithmetic is that head's
-// alone (sums in split order), so a row's result does not depend on its neighbours. Reads
-// through L2 (`__ldcg`): other blocks wrote p. Needs blockDim.x == W * 32 and HB ≤ W.
-template <typename T, int D, int HB, int W, bool WRAP>
-__device__ void attn_combine(const float *__restrict__ p, long head_stride, int nh, int first,
-                             int n, int splits, int tail_at, T *__restrict__ out) {
-  const auto at = [&](int s) {
-    return (long)(WRAP && tail_at >= 0 && s == n - 1 ? tail_at
-                  : WRAP && first + s >= splits      ? first + s - splits
-                                                     : first + s) *
-           (D + 2);
-  };
-  static_assert(HB <= W, "one warp per head's scalars");
-  __shared__ float weight[HB][MAX_SPLITS + 1];
-  __shared__ float total[HB];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (warp < nh) {
-    const float *ph = p + warp * head_stride;
-    float m = -INFINITY;
-    for (int s = lane; s < n; s += 32) {
-      const float ms = __ldcg(ph + at(s));
-      weight[warp][s] = ms;
-      m = fmaxf(m, ms);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float l = 0.f;
-    for (int s = lane; s < n; s += 32) {
-      const float ms = weight[warp][s];
-      const float wgt = ms > -INFINITY ? __expf(ms - m) : 0.f;
-      weight[warp][s] = wgt;
-      l += __ldcg(ph + at(s) + 1) * wgt;
-    }
-    l = warp_sum(l);
-    if (lane == 0) total[warp] = l;
-  }
-  __syncthreads();
-  constexpr int ITEMS = (HB * D + W * 32 - 1) / (W * 32);
-  float a[ITEMS];
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it) a[it] = 0.f;
-  for (int s0 = 0; s0 < n; s0 += 8) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int s = s0 + u;
-#pragma unroll
-      for (int it = 0; it < ITEMS; ++it) {
-        const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
-        if (s < n && h < nh)
-          a[it] += __ldcg(p + h * head_stride + at(s) + 2 + e) * weight[h][s];
-      }
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it) {
-    const int i = threadIdx.x + it * W * 32, h = i / D, e = i % D;
-    if (h < nh) out[h * D + e] = from_f32<T>(total[h] > 0.f ? a[it] / total[h] : 0.f);
-  }
-}
-
-// Thread block clusters (compute capability 9.0+; the host launches the `_cl` kernels only
-// there). `cluster_sync`: every thread of every block of the cluster arrives, with release
-// semantics for its earlier writes (shared memory included), and waits, with acquire
-// semantics. `ld_cluster`: a float of block `rank`'s shared memory at the address `p` has in
-// this block's (distributed shared memory: the same static layout in every block).
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ float ld_cluster(const float *p, unsigned rank) {
-#if __CUDA_ARCH__ >= 900
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r));
-  return v;
-#else
-  return 0.f;
-#endif
-}
-
-// Most splits of a cluster-combined split attention (`CLUSTER_SPLITS` in attention.rs): the
-// portable cluster size.
-constexpr int CL_MAX = 8;
-
-// The cluster's combine (`_cl` kernels): blocks first ... first + n - 1 of the cluster (one
-// split each, ranks = splits) hold their split's (m, l, acc[D]) for nh ≤ HB heads in shared
-// memory (`cm`, `cl`, `cacc` [HB][D]); this block reads them all, every load of a thread in
-// flight at once (one round trip within the GPC, where the global combine takes a fence, a
-// counter and three dependent L2 round trips), and writes out[h * D + e] =
-// sum_s acc_s[e] exp(m_s - M) / sum_s l_s exp(m_s - M), M the largest m_s, both sums in
-// split order. Like `attn_combine`, a head's result depends on its own splits only.
-template <typename T, int D, int HB, int W>
-__device__ void attn_combine_cluster(const float *cm, const float *cl, const float *cacc,
-                                     int nh, int first, int n, T *__restrict__ out) {
-  for (int i = threadIdx.x; i < nh * D; i += W * 32) {
-    const int h = i / D, e = i % D;
-    float ms[CL_MAX], ls[CL_MAX], as[CL_MAX];
-#pragma unroll
-    for (int s = 0; s < CL_MAX; ++s)
-      if (s < n) {
-        ms[s] = ld_cluster(cm + h, first + s);
-        ls[s] = ld_cluster(cl + h, first + s);
-        as[s] = ld_cluster(cacc + h * D + e, first + s);
-      }
-    float M = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < CL_MAX; ++s)
-      if (s < n) M = fmaxf(M, ms[s]);
-    float L = 0.f, a = 0.f;
-#pragma unroll
-    for (int s = 0; s < CL_MAX; ++s)
-      if (s < n && ms[s] > -INFINITY) {
-        const float w = __expf(ms[s] - M);
-        L += ls[s] * w;
-        a += as[s] * w;
-      }
-    out[h * D + e] = from_f32<T>(L > 0.f ? a / L : 0.f);
-  }
-}
 
 // Split-K attention of single query rows over a cache ("flash decoding").
 //
@@ -196,7 +62,8 @@ __device__ void attn_combine_cluster(const float *cm, const float *cl, const flo
 // step's t new positions (the tail's last t) are written to the side buffer (`rope.kw`,
 // `rope.vw` are then the side buffer).
 //
-// Token tree (`rope.tree` not null; with RoPE fused): the positions from `base = len -
+// Token tree (TREE, the `_tree` kernels: `rope.tree` not null, RoPE fused; a template
+// parameter, so that the other kernels carry none of it, as with RING): the positions from `base = len -
 // tree[0]` on are the nodes of a token tree appended inside a speculation, in the order
 // appended (slots as for a chain), at most 32 of them. Row i's node has RoPE position
 // base + tree[1 + i] (its depth) and sees the keys below `base` (those within the window of
@@ -226,7 +93,7 @@ template <typename T> struct RingTail {
 };
 
 template <typename T, int E, int HB, int W, bool ROPE, bool HV = false, bool CL = false,
-          bool RING = false>
+          bool RING = false, bool TREE = false>
 __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                            const T *__restrict__ v, float *__restrict__ part, T *__restrict__ y,
                            const uint32_t *__restrict__ len_ptr, uint32_t len_arg, int t,
@@ -245,7 +112,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
   // qpos: the row's index among the keys (a slot's order); rpos: its position (RoPE, the
   // window), the same but for a tree's node.
   const int qpos = len - t + row;
-  const uint32_t *tree = ROPE ? rope.tree : nullptr;
+  const uint32_t *tree = ROPE && TREE ? rope.tree : nullptr;
   const int tree_base = tree ? len - (int)tree[0] : len;
   const unsigned ancestors = tree ? tree[1 + t + row] : 0u;
   const int rpos = tree ? tree_base + (int)tree[1 + row] : qpos;
@@ -434,7 +301,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
     for (int tile = (in_tail ? 0 : split * split_len) + warp * 32; tile < hi; tile += W * 32) {
       const int j = tile + lane;
       bool live = j >= lo && j < hi && (!RING || in_tail || (j - vslot + ring) % ring < vn);
-      if (tree && live) {
+      if (TREE && live) {
         // The key's index: a tree's node is seen by its descendants only.
         const int idx = in_tail ? tbase + j : RING ? vis + (j - vslot + ring) % ring : j;
         live = idx < tree_base || (ancestors >> (idx - tree_base)) & 1u;
@@ -648,7 +515,7 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 
 // The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
 // in a cluster); see attn_split.
-#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL, RING)                                         \
+#define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL, RING, TREE)                                   \
   extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
@@ -660,8 +527,8 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
            const char *pf1, long pf1_n, const T *qn, const T *kn, float q_eps, float k_eps,  \
            const uint32_t *tree) {                                                            \
     prefetch_l2(pf0, pf0_n, pf1, pf1_n);                                                       \
-    attn_split<T, E, HB, 8, true, HV, CL, RING>(q, k, v, part, y, len_ptr, len_arg, t, heads,  \
-                                                group,                                         \
+    attn_split<T, E, HB, 8, true, HV, CL, RING, TREE>(q, k, v, part, y, len_ptr, len_arg, t,   \
+                                                      heads, group,                            \
                                           q_head_stride, q_row_stride, kv_head_stride,        \
                                           split_len, splits, window, softcap, ring, ring_lo,  \
                                           RingTail<T>{tail_k, tail_v, tail_head_stride, tail_n}, \
@@ -669,19 +536,27 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
                                                        kw, vw, qn, kn, q_eps, k_eps, tree});  \
   }
 #define ATTN_SPLIT_HV(NAME, T, E)                                                              \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false, false)                         \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false, false)                         \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false, false)                         \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_ring_rope_hv, T, E, 1, true, false, true)                     \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_ring_rope_hv, T, E, 4, true, false, true)                     \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_ring_rope_hv, T, E, 2, true, false, true)                     \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true, false)                       \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true, false)                       \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true, false)
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv, T, E, 1, true, false, false, false)                  \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv, T, E, 4, true, false, false, false)                  \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv, T, E, 2, true, false, false, false)                  \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_ring_rope_hv, T, E, 1, true, false, true, false)              \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_ring_rope_hv, T, E, 4, true, false, true, false)              \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_ring_rope_hv, T, E, 2, true, false, true, false)              \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_hv_cl, T, E, 2, true, true, false, false)                \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_hv_cl, T, E, 1, true, true, false, false)                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_hv_cl, T, E, 4, true, true, false, false)
+// The eight-warp fused kernels of a token tree's step (TREE), with and without a ring.
+#define ATTN_SPLIT_TREE(NAME, T, E)                                                            \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_tree, T, E, 1, false, false, false, true)                \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_tree, T, E, 2, false, false, false, true)                \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_tree, T, E, 4, false, false, false, true)                \
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_ring_rope_tree, T, E, 1, false, false, true, true)            \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_ring_rope_tree, T, E, 2, false, false, true, true)            \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_ring_rope_tree, T, E, 4, false, false, true, true)
 #define ATTN_SPLIT_CL(NAME, T, E)                                                              \
-  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true, false)                         \
-  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true, false)                         \
-  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true, false)
+  ATTN_SPLIT_FUSED8(NAME##_h1_w8_rope_cl, T, E, 1, false, true, false, false)                  \
+  ATTN_SPLIT_FUSED8(NAME##_h4_w8_rope_cl, T, E, 4, false, true, false, false)                  \
+  ATTN_SPLIT_FUSED8(NAME##_h2_w8_rope_cl, T, E, 2, false, true, false, false)
 
 ATTN_SPLIT_HV(attn_split_f32_d32, float, 1)
 ATTN_SPLIT_HV(attn_split_f32_d64, float, 2)
@@ -713,3 +588,15 @@ ATTN_SPLIT_CL(attn_split_f16_d32, __half, 1)
 ATTN_SPLIT_CL(attn_split_f16_d64, __half, 2)
 ATTN_SPLIT_CL(attn_split_f16_d128, __half, 4)
 ATTN_SPLIT_CL(attn_split_f16_d256, __half, 8)
+ATTN_SPLIT_TREE(attn_split_f32_d32, float, 1)
+ATTN_SPLIT_TREE(attn_split_f32_d64, float, 2)
+ATTN_SPLIT_TREE(attn_split_f32_d128, float, 4)
+ATTN_SPLIT_TREE(attn_split_f32_d256, float, 8)
+ATTN_SPLIT_TREE(attn_split_bf16_d32, __nv_bfloat16, 1)
+ATTN_SPLIT_TREE(attn_split_bf16_d64, __nv_bfloat16, 2)
+ATTN_SPLIT_TREE(attn_split_bf16_d128, __nv_bfloat16, 4)
+ATTN_SPLIT_TREE(attn_split_bf16_d256, __nv_bfloat16, 8)
+ATTN_SPLIT_TREE(attn_split_f16_d32, __half, 1)
+ATTN_SPLIT_TREE(attn_split_f16_d64, __half, 2)
+ATTN_SPLIT_TREE(attn_split_f16_d128, __half, 4)
+ATTN_SPLIT_TREE(attn_split_f16_d256, __half, 8)

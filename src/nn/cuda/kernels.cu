@@ -13,6 +13,7 @@
 // diagnostics globals; build.rs compiles this file):
 //   common.cuh      conversions, loads, warp sums, pdl_begin, L2 prefetch, mma helpers
 //   attn_split.cu   split attention of decode and verification steps
+//   attn_combine.cuh  its combine of the splits' partial rows (global memory or a cluster)
 //   prefill.cu      causal softmax of prefill chunks, flash attention
 //   gemv.cu         GEMVs (CUDA cores, tensor cores with folds)
 //   elementwise.cu  RoPE + K/V store, SiLU·up, add + RMSNorm, row argmax, staged commits
