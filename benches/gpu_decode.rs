@@ -13,7 +13,9 @@
 //!    prompt to the next), the prompt's prefill time and
 //!    `SPECDEC_BENCH_ROUNDS` (default 16) interleaved rounds of 4 decode steps, one
 //!    verification forward of 5 tokens (γ = 4) and one of a token tree of 8 nodes (`TREE`:
-//!    two children a node, depth 3), each inside a speculation that rolls back. Every
+//!    two children a node, depth 3), each inside a speculation that rolls back; then the
+//!    same tree again with its path `TREE_PATH` kept (`commit_path`, timed from the tree's
+//!    read-back to the device's completion of the commit: the cache grows 4 tokens a round). Every
 //!    forward ends with the argmax of its logits read back to the host — the one device →
 //!    host synchronisation a decode step needs — so times are completed work, not queued
 //!    work. Also given: the host time until the decode forward returns (enqueue), which is
@@ -66,6 +68,8 @@ const TREE: [Option<usize>; 8] = [
     Some(3),
     Some(5),
 ];
+/// The root-to-leaf path of [`TREE`] the benchmark commits: 4 of its 8 nodes, in two runs.
+const TREE_PATH: [usize; 4] = [0, 1, 3, 6];
 const PROFILE_STEPS: usize = 8;
 
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
@@ -203,6 +207,8 @@ struct ContextRow {
     verify_ratio: f64,
     tree_ms: f64,
     tree_ratio: f64,
+    /// Keeping [`TREE_PATH`] of a verified tree, in decode steps.
+    commit_ratio: f64,
 }
 
 fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
@@ -232,7 +238,7 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
     let tree_block = tokens(TREE.len(), vocab, 2);
     let (mut decode, mut chained, mut enqueue, mut verify, mut ratio) =
         (vec![], vec![], vec![], vec![], vec![]);
-    let (mut tree, mut tree_ratio) = (vec![], vec![]);
+    let (mut tree, mut tree_ratio, mut commit_ratio) = (vec![], vec![], vec![]);
     for round in 0..rounds + 1 {
         let mut spent = Duration::ZERO;
         let mut queued = Duration::ZERO;
@@ -270,6 +276,15 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
             finish(&model.forward(&tree_block, spec.cache()).expect("tree"));
         }
         let tv = start.elapsed().as_secs_f64();
+        let cv = {
+            let mut spec = cache.speculate().expect("speculate");
+            spec.extend_tree(&TREE).expect("tree");
+            finish(&model.forward(&tree_block, spec.cache()).expect("tree"));
+            let start = Instant::now();
+            spec.commit_path(&TREE_PATH).expect("commit path");
+            model.device().synchronize().expect("sync");
+            start.elapsed().as_secs_f64()
+        };
         if round == 0 {
             continue; // warm-up round
         }
@@ -281,6 +296,7 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         ratio.push(v / d);
         tree.push(tv);
         tree_ratio.push(tv / d);
+        commit_ratio.push(cv / d);
     }
     let timed = |v: &[f64]| median(v).expect("a timed round: SPECDEC_BENCH_ROUNDS >= 2");
     ContextRow {
@@ -293,6 +309,7 @@ fn context_row(model: &Model, context: usize, rounds: usize) -> ContextRow {
         verify_ratio: timed(&ratio),
         tree_ms: 1e3 * timed(&tree),
         tree_ratio: timed(&tree_ratio),
+        commit_ratio: timed(&commit_ratio),
     }
 }
 
@@ -483,16 +500,15 @@ fn main() {
             bound_ms,
             1e3 / bound_ms
         );
-        println!("| context | prefill s | decode ms/token | tok/s | % of bound | host enqueue ms | chained ms/step | verify 5 ms | verify 5 / decode | tree 8 ms | tree 8 / decode |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| context | prefill s | decode ms/token | tok/s | % of bound | host enqueue ms | chained ms/step | verify 5 ms | verify 5 / decode | tree 8 ms | tree 8 / decode | path commit / decode |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         let mut rows_json = Vec::new();
-        for &context in contexts
-            .iter()
-            .filter(|&&c| c + 2 * (rounds + 1) * DECODES_PER_ROUND + VERIFY.max(TREE.len()) < limit)
-        {
+        for &context in contexts.iter().filter(|&&c| {
+            c + (rounds + 1) * (2 * DECODES_PER_ROUND + TREE_PATH.len()) + TREE.len() < limit
+        }) {
             let r = context_row(&model, context, rounds);
             println!(
-                "| {} | {:.3} | {:.3} | {:.1} | {:.0}% | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                "| {} | {:.3} | {:.3} | {:.1} | {:.0}% | {:.3} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} | {:.2} |",
                 r.context,
                 r.prefill_s,
                 r.decode_ms,
@@ -503,7 +519,8 @@ fn main() {
                 r.verify_ms,
                 r.verify_ratio,
                 r.tree_ms,
-                r.tree_ratio
+                r.tree_ratio,
+                r.commit_ratio
             );
             if context == contexts[0] {
                 decode_128.push((r.decode_ms, r.chained_ms));
@@ -513,6 +530,7 @@ fn main() {
                 "enqueue_ms": r.enqueue_ms, "chained_ms": r.chained_ms, "verify5_ms": r.verify_ms,
                 "verify5_over_decode": r.verify_ratio,
                 "tree8_ms": r.tree_ms, "tree8_over_decode": r.tree_ratio,
+                "path_commit_over_decode": r.commit_ratio,
             }));
         }
         let reduce = (ranks > 1 && device.is_cuda()).then(|| {
