@@ -342,6 +342,14 @@ impl KvCache {
     pub(crate) fn rollback(&mut self) {
         self.commit(0);
     }
+
+    /// For a path commit the caller makes for several layers at once: the buffers holding
+    /// the open speculation's nodes (from the base's slot on), which also take the path.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn path_rows(&self) -> Option<(&Tensor, &Tensor, usize)> {
+        let (buf, base) = (self.buf.as_ref()?, self.spec_base?);
+        Some((&buf.k, &buf.v, base))
+    }
 }
 
 /// Refuses an append that would reach past the tree's nodes (`len` block tokens after it).

@@ -32,7 +32,7 @@ pub use attention::{
 };
 pub use clock::QueueMark;
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{commit_rings, RingCommit};
+pub(crate) use cuda::{commit_path_rows, commit_rings, PathCopy, RingCommit};
 #[cfg(feature = "cuda")]
 pub use cuda::{kernel_trace, TraceRecord};
 pub use eagle3::{Eagle3Head, Eagle3Parts};

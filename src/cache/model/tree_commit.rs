@@ -33,12 +33,55 @@ impl LayerCache {
         }
     }
 
-    fn commit_path(&mut self, path: &[usize]) -> Result<()> {
+    /// Keeps the path; `copied`: its rows were copied already ([`copy_path_rows`]), only the
+    /// bookkeeping remains.
+    fn commit_path(&mut self, path: &[usize], copied: bool) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if copied {
+            return match self {
+                LayerCache::Kv(c) => {
+                    c.commit(path.len());
+                    Ok(())
+                }
+                LayerCache::Rotating(c) => c.path_copied(path.len()),
+            };
+        }
+        let _ = copied;
         match self {
             LayerCache::Kv(c) => c.commit_path(path),
             LayerCache::Rotating(c) => c.commit_path(path),
         }
     }
+}
+
+/// On CUDA, every layer's copies of a tree's kept `path` into consecutive rows in one launch
+/// (`nn::cuda::commit_path_rows`) instead of a few candle copies a layer and run; true when
+/// made. Elsewhere, or with a layer the kernel does not take, false: each layer moves its own
+/// rows.
+fn copy_path_rows(layers: &[LayerCache], path: &[usize]) -> Result<bool> {
+    #[cfg(feature = "cuda")]
+    {
+        let copies = layers
+            .iter()
+            .map(|layer| {
+                let ([sk, sv, dk, dv], src_first, dst_first) = match layer {
+                    LayerCache::Kv(c) => c.path_rows().map(|(k, v, at)| ([k, v, k, v], at, at))?,
+                    LayerCache::Rotating(c) => c.path_rows()?,
+                };
+                Some(crate::nn::PathCopy {
+                    src: (sk, sv),
+                    src_first,
+                    dst: (dk, dv),
+                    dst_first,
+                })
+            })
+            .collect::<Option<Vec<_>>>();
+        if let Some(copies) = copies {
+            return Ok(crate::nn::commit_path_rows(&copies, path)?);
+        }
+    }
+    let _ = (layers, path);
+    Ok(false)
 }
 
 impl ModelCache {
@@ -121,8 +164,18 @@ impl Speculation<'_> {
         }
         self.open = false;
         self.cache.spec_base = None;
+        let copied = match copy_path_rows(&self.cache.layers, path) {
+            Ok(copied) => copied,
+            Err(e) => {
+                // Some layers may hold path rows over their nodes: nothing is known intact.
+                self.cache.layers.iter_mut().for_each(LayerCache::rollback);
+                self.cache.poisoned = true;
+                self.cache.hidden_settled(None)?;
+                return Err(e);
+            }
+        };
         for i in 0..self.cache.layers.len() {
-            if let Err(e) = self.cache.layers[i].commit_path(path) {
+            if let Err(e) = self.cache.layers[i].commit_path(path, copied) {
                 self.cache.layers[i + 1..]
                     .iter_mut()
                     .for_each(LayerCache::rollback);

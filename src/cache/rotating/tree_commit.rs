@@ -31,6 +31,37 @@ impl RotatingKvCache {
         Some(tree_positions(tree, spec.base, self.offset - spec.base, t))
     }
 
+    /// For a path commit the caller makes for several layers at once: the nodes' buffers and
+    /// the slot of node 0, the path's buffers and the slot of its first row (staged: the side
+    /// buffer from slot 0 into the ring at the base; slack: within the ring), when the ring
+    /// exists. The caller then calls [`Self::path_copied`].
+    #[cfg(feature = "cuda")]
+    pub(crate) fn path_rows(&self) -> Option<([&Tensor; 4], usize, usize)> {
+        let (spec, ring) = (self.spec.as_ref()?, self.ring.as_ref()?);
+        let at = spec.base % self.capacity;
+        match self.strategy {
+            RotatingStrategy::Staged => {
+                let side = self.side.as_ref()?;
+                ring.fits(&side.k)
+                    .then_some(([&side.k, &side.v, &ring.k, &ring.v], 0, at))
+            }
+            RotatingStrategy::Slack { .. } => Some(([&ring.k, &ring.v, &ring.k, &ring.v], at, at)),
+        }
+    }
+
+    /// A path of `n` nodes whose rows the caller copied ([`Self::path_rows`]): the
+    /// bookkeeping of [`Self::commit_path`].
+    #[cfg(feature = "cuda")]
+    pub(crate) fn path_copied(&mut self, n: usize) -> Result<()> {
+        match self.strategy {
+            RotatingStrategy::Staged => {
+                self.commit_copied(n);
+                Ok(())
+            }
+            RotatingStrategy::Slack { .. } => self.commit(n),
+        }
+    }
+
     /// Keeps the block nodes of `path` (checked root-to-node by the caller), O(path length).
     /// Staged: the path's rows of the side buffer are appended to the ring. Slack: the
     /// path's K/V move to consecutive positions from the base inside the ring (they lie in

@@ -1,6 +1,9 @@
 //! The commit of a speculation over a model's staged rings in one launch (`staged_commit` in
 //! elementwise.cu): each ring's copy of the accepted K/V from its side buffer would otherwise
-//! be four or more candle copies a layer, enqueued by the host after every verification.
+//! be four or more candle copies a layer, enqueued by the host after every verification. And
+//! the commit of a token tree's accepted path in every layer in one launch (`path_commit`):
+//! a few candle copies a layer and run of the path otherwise, 0.3–0.9 decode steps of an
+//! 8B-shaped or Gemma-3-4B-shaped target on an H200 (docs/gpu.md).
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig};
 use candle_core::{DType, Device, Storage, Tensor};
 
@@ -50,24 +53,7 @@ pub fn commit_rings(commits: &[RingCommit<'_>], keep: usize) -> candle_core::Res
         return Ok(false);
     }
     let stream = dev.cuda_stream();
-    // Byte address of a contiguous buffer's first element.
-    let address = |t: &Tensor| -> candle_core::Result<i64> {
-        let guard = t.storage_and_layout();
-        let addr = match t.dtype() {
-            DType::BF16 => {
-                view::<half::bf16>(&guard, "staged commit")?
-                    .device_ptr(&stream)
-                    .0
-            }
-            DType::F16 => {
-                view::<half::f16>(&guard, "staged commit")?
-                    .device_ptr(&stream)
-                    .0
-            }
-            _ => view::<f32>(&guard, "staged commit")?.device_ptr(&stream).0,
-        };
-        Ok(addr as i64)
-    };
+    let address = |t: &Tensor| byte_address(t, &stream);
     let mut table = Vec::with_capacity(commits.len() * 8);
     for c in commits {
         let (side_slots, ring_slots) = (c.side.0.dim(2)?, c.ring.0.dim(2)?);
@@ -100,6 +86,110 @@ pub fn commit_rings(commits: &[RingCommit<'_>], keep: usize) -> candle_core::Res
     // SAFETY: matches `staged_commit`; every buffer is a live contiguous [1, heads, slots, d]
     // tensor of `row`-byte rows (checked above), rows `0..keep` of each side buffer exist and
     // each ring slot is taken modulo its slots.
+    unsafe { l.run(cfg) }?;
+    Ok(true)
+}
+
+/// Byte address of a contiguous CUDA buffer's first element (bf16, f16 or f32).
+fn byte_address(
+    t: &Tensor,
+    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+) -> candle_core::Result<i64> {
+    let guard = t.storage_and_layout();
+    let addr = match t.dtype() {
+        DType::BF16 => view::<half::bf16>(&guard, "commit")?.device_ptr(stream).0,
+        DType::F16 => view::<half::f16>(&guard, "commit")?.device_ptr(stream).0,
+        _ => view::<f32>(&guard, "commit")?.device_ptr(stream).0,
+    };
+    Ok(addr as i64)
+}
+
+/// One layer's part of a token tree's path commit: where its tree nodes lie and where the
+/// kept path goes, `[1, heads, slots, d]` contiguous buffers of one dtype (the source and the
+/// destination may be the same buffers: a KV cache, a slack ring).
+pub struct PathCopy<'a> {
+    /// The nodes' keys and values.
+    pub src: (&'a Tensor, &'a Tensor),
+    /// The slot of node 0 (node `j` in slot `(src_first + j) % slots`).
+    pub src_first: usize,
+    /// The kept rows' keys and values.
+    pub dst: (&'a Tensor, &'a Tensor),
+    /// The slot of the first kept row (row `i` in slot `(dst_first + i) % slots`).
+    pub dst_first: usize,
+}
+
+/// Copies the nodes `path` (a root-to-node path: strictly increasing) of every layer in
+/// `copies` to consecutive rows, all layers in one kernel (`path_commit`). `Ok(false)`
+/// (nothing done) unless every buffer is a contiguous CUDA tensor of one dtype and head
+/// shape with rows of whole 16-byte vectors, the path is not empty and fits each buffer's
+/// slots: the caller then moves each layer's rows itself.
+pub fn commit_path_rows(copies: &[PathCopy<'_>], path: &[usize]) -> candle_core::Result<bool> {
+    let Some(first) = copies.first() else {
+        return Ok(true);
+    };
+    let Device::Cuda(dev) = first.src.0.device() else {
+        return Ok(false);
+    };
+    let like = first.src.0;
+    let (_, heads, _, d) = like.dims4()?;
+    let row = d * like.dtype().size_in_bytes();
+    let nodes = path.iter().max().map_or(0, |&m| m + 1);
+    let fits = |t: &Tensor, slots_min: usize| {
+        t.is_contiguous()
+            && t.dtype() == like.dtype()
+            && t.device().same_device(like.device())
+            && t.dims4()
+                .is_ok_and(|(b, h, s, e)| b == 1 && h == heads && e == d && s >= slots_min)
+    };
+    let usable = !path.is_empty()
+        && row.is_multiple_of(16)
+        && matches!(like.dtype(), DType::BF16 | DType::F16 | DType::F32)
+        && copies.iter().all(|c| {
+            [c.src.0, c.src.1].iter().all(|t| fits(t, nodes))
+                && [c.dst.0, c.dst.1].iter().all(|t| fits(t, path.len()))
+        });
+    if !usable {
+        return Ok(false);
+    }
+    let stream = dev.cuda_stream();
+    let mut table = Vec::with_capacity(copies.len() * 10 + path.len());
+    for c in copies {
+        let (src_slots, dst_slots) = (c.src.0.dim(2)?, c.dst.0.dim(2)?);
+        table.extend([
+            byte_address(c.src.0, &stream)?,
+            byte_address(c.src.1, &stream)?,
+            byte_address(c.dst.0, &stream)?,
+            byte_address(c.dst.1, &stream)?,
+            (src_slots * row) as i64,
+            (dst_slots * row) as i64,
+            (c.src_first % src_slots) as i64,
+            src_slots as i64,
+            (c.dst_first % dst_slots) as i64,
+            dst_slots as i64,
+        ]);
+    }
+    table.extend(path.iter().map(|&p| p as i64));
+    let n = table.len();
+    let table = Tensor::from_vec(table, n, like.device())?;
+    let guard = table.storage_and_layout();
+    if !matches!(&*guard.0, Storage::Cuda(_)) {
+        candle_core::bail!("path commit: the table is not on the GPU");
+    }
+    let table_view = view::<i64>(&guard, "path commit table")?;
+    let chunks = row / 16;
+    let mut l = Launch::new(dev, "path_commit")?;
+    l.ptr(&table_view)
+        .val(copies.len() as i32)
+        .val(path.len() as i32)
+        .val(chunks as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (copies.len() as u32, heads as u32, 1),
+        block_dim: (chunks.min(128) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches `path_commit`; every buffer is a live contiguous [1, heads, slots, d]
+    // tensor of `row`-byte rows (checked above) and every slot is taken modulo its buffer's
+    // slots; the table holds `copies.len()` entries of ten values, then the path.
     unsafe { l.run(cfg) }?;
     Ok(true)
 }

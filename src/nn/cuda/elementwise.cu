@@ -375,3 +375,35 @@ extern "C" __global__ void staged_commit(const long long *__restrict__ table, in
     reinterpret_cast<uint4 *>(dv)[c] = reinterpret_cast<const uint4 *>(sv)[c];
   }
 }
+
+// The commit of a token tree's accepted path in every layer in one launch (`commit.rs`):
+// layer l's entry of `table` (ten 64-bit values) is the source's k and v, the destination's k
+// and v (byte addresses; the same buffers for a KV cache or a slack ring), their head strides
+// in bytes, the source's slot of node 0 and its slots, the destination's slot of the first
+// kept row and its slots; `path` (n entries, after the layers' entries) lists the kept nodes.
+// Row i of head h goes from source slot (src0 + path[i]) % src_slots to destination slot
+// (dst0 + i) % dst_slots, rows in increasing i: a path increases strictly, so with one buffer
+// a row is read before any later row is written over it (path[i] >= i), and the block's
+// barrier between rows orders them. Grid: x = layers, y = heads. Block: any width.
+extern "C" __global__ void path_commit(const long long *__restrict__ table, int layers, int n,
+                                       int chunks) {
+  pdl_begin();
+  const long long *e = table + blockIdx.x * 10;
+  const long long *path = table + (long long)layers * 10;
+  const int h = blockIdx.y;
+  const long long row = (long long)chunks * 16;
+  for (int i = 0; i < n; ++i) {
+    const long long src = (e[6] + path[i]) % e[7], dst = (e[8] + i) % e[9];
+    if (e[0] != e[2] || src != dst) {
+      const char *sk = (const char *)e[0] + h * e[4] + src * row;
+      const char *sv = (const char *)e[1] + h * e[4] + src * row;
+      char *dk = (char *)e[2] + h * e[5] + dst * row;
+      char *dv = (char *)e[3] + h * e[5] + dst * row;
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        reinterpret_cast<uint4 *>(dk)[c] = reinterpret_cast<const uint4 *>(sk)[c];
+        reinterpret_cast<uint4 *>(dv)[c] = reinterpret_cast<const uint4 *>(sv)[c];
+      }
+    }
+    __syncthreads();
+  }
+}

@@ -31,7 +31,7 @@ pub use attention::{
     fused_rope, split_attention_applies, split_reach, AttnRope, QkNorm, RingKeys, RingTail,
     SplitAttention,
 };
-pub(crate) use commit::{commit_rings, RingCommit};
+pub(crate) use commit::{commit_path_rows, commit_rings, PathCopy, RingCommit};
 pub use dense::{
     add_rmsnorm_applies, bias_fits, fold_applies, folds, gemv_applies, silu_gate_applies,
     AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
