@@ -239,3 +239,100 @@ fn bad_trees_and_paths_are_refused() {
     assert!(spec.commit_path(&[1]).is_err(), "node 1 is not a root");
     assert_eq!(cache.offset(), 3);
 }
+
+/// K/V rows `[1, 2, n, 8]` (two heads of eight f32: rows of 32 bytes, which the CUDA build
+/// copies in one launch for every layer at a path commit) of `tokens` at `positions`, layer
+/// `l`'s own values.
+fn wide_kv(l: usize, tokens: &[u8], positions: &[usize]) -> (Tensor, Tensor) {
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    for h in 0..2 {
+        for (&t, &p) in tokens.iter().zip(positions) {
+            for e in 0..8 {
+                let x = (l * 7 + h * 3 + e) as f32;
+                k.push(t as f32 * 0.5 + p as f32 * 0.01 + x);
+                v.push(t as f32 - p as f32 * 0.02 + x * 0.1);
+            }
+        }
+    }
+    let n = tokens.len();
+    let dev = common::device();
+    (
+        Tensor::from_vec(k, (1, 2, n, 8), &dev).unwrap(),
+        Tensor::from_vec(v, (1, 2, n, 8), &dev).unwrap(),
+    )
+}
+
+/// A model cache of a KV layer, a staged ring and a slack ring (window 5), rows of 32 bytes.
+fn wide_cache() -> ModelCache {
+    ModelCache::new(vec![
+        LayerCache::Kv(KvCache::new(4)),
+        LayerCache::Rotating(RotatingKvCache::new(5, RotatingStrategy::Staged).unwrap()),
+        LayerCache::Rotating(
+            RotatingKvCache::new(5, RotatingStrategy::Slack { max_draft: 12 }).unwrap(),
+        ),
+    ])
+}
+
+fn wide_append(c: &mut ModelCache, tokens: &[u8], positions: &[usize]) {
+    for l in 0..3 {
+        let (k, v) = wide_kv(l, tokens, positions);
+        c.layer_mut(l).unwrap().append(&k, &v).unwrap();
+    }
+}
+
+/// A tree's kept path over layers of every kind at once (on CUDA one launch copies every
+/// layer's path rows) leaves each layer what a fresh prefill of the committed tokens gives:
+/// random histories (the rings wrapped), random trees appended in two chunks, random paths.
+#[test]
+fn path_commits_over_every_layer_kind_match_fresh_prefill() {
+    let mut state = 11u64;
+    let mut next = |n: usize| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize % n
+    };
+    for case in 0..40 {
+        let history: Vec<u8> = (0..3 + next(20)).map(|_| next(50) as u8).collect();
+        let nodes = 2 + next(11);
+        let parents: Vec<Option<usize>> = (0..nodes)
+            .map(|i| if i == 0 { None } else { Some(next(i)) })
+            .collect();
+        let tree = TokenTree::new(parents.clone()).unwrap();
+        let tokens: Vec<u8> = (0..nodes).map(|_| next(50) as u8).collect();
+        // A path from the root to a random node.
+        let path = path_to(&tree, next(nodes));
+        let mut c = wide_cache();
+        let hist_pos: Vec<usize> = (0..history.len()).collect();
+        wide_append(&mut c, &history, &hist_pos);
+        let base = history.len();
+        let positions: Vec<usize> = (0..nodes).map(|i| base + tree.depth(i)).collect();
+        let split = 1 + next(nodes);
+        {
+            let mut spec = c.speculate().unwrap();
+            spec.extend_tree(&parents[..split]).unwrap();
+            wide_append(spec.cache(), &tokens[..split], &positions[..split]);
+            if split < nodes {
+                spec.extend_tree(&parents[split..]).unwrap();
+                wide_append(spec.cache(), &tokens[split..], &positions[split..]);
+            }
+            spec.commit_path(&path).unwrap();
+        }
+        let mut committed = history.clone();
+        committed.extend(path.iter().map(|&i| tokens[i]));
+        let mut want = wide_cache();
+        wide_append(
+            &mut want,
+            &committed,
+            &(0..committed.len()).collect::<Vec<_>>(),
+        );
+        assert_eq!(c.offset(), want.offset(), "case {case}");
+        let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for l in 0..3 {
+            let got = c.layers()[l].logical_kv().unwrap().unwrap();
+            let exp = want.layers()[l].logical_kv().unwrap().unwrap();
+            assert_eq!(flat(got.0), flat(exp.0), "case {case}, layer {l}: keys");
+            assert_eq!(flat(got.1), flat(exp.1), "case {case}, layer {l}: values");
+        }
+    }
+}
