@@ -643,13 +643,7 @@ impl Speculation<'_> {
         self.cache.spec_base = None;
         let copied = match copy_side_rows(&self.cache.layers, n) {
             Ok(copied) => copied,
-            Err(e) => {
-                // Some rings may hold new rows over old ones: nothing is known intact.
-                self.cache.layers.iter_mut().for_each(LayerCache::rollback);
-                self.cache.poisoned = true;
-                self.cache.hidden_settled(None)?;
-                return Err(e);
-            }
+            Err(e) => return self.copy_failed(e),
         };
         for i in 0..self.cache.layers.len() {
             if let Err(e) = self.cache.layers[i].commit(n, copied) {
@@ -667,6 +661,18 @@ impl Speculation<'_> {
         }
         let rows: Vec<usize> = (0..n).collect();
         self.cache.hidden_settled(Some(&rows))
+    }
+}
+
+impl Speculation<'_> {
+    /// A commit's one-launch copy for every layer failed: some layers may hold new rows over
+    /// old ones, so nothing is known intact — every layer rolls back and the cache is
+    /// poisoned. Returns `e`.
+    pub(super) fn copy_failed(&mut self, e: crate::error::Error) -> Result<()> {
+        self.cache.layers.iter_mut().for_each(LayerCache::rollback);
+        self.cache.poisoned = true;
+        self.cache.hidden_settled(None)?;
+        Err(e)
     }
 }
 

@@ -166,13 +166,7 @@ impl Speculation<'_> {
         self.cache.spec_base = None;
         let copied = match copy_path_rows(&self.cache.layers, path) {
             Ok(copied) => copied,
-            Err(e) => {
-                // Some layers may hold path rows over their nodes: nothing is known intact.
-                self.cache.layers.iter_mut().for_each(LayerCache::rollback);
-                self.cache.poisoned = true;
-                self.cache.hidden_settled(None)?;
-                return Err(e);
-            }
+            Err(e) => return self.copy_failed(e),
         };
         for i in 0..self.cache.layers.len() {
             if let Err(e) = self.cache.layers[i].commit_path(path, copied) {

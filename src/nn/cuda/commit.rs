@@ -29,79 +29,32 @@ pub fn commit_rings(commits: &[RingCommit<'_>], keep: usize) -> candle_core::Res
     let Some(first) = commits.first() else {
         return Ok(true);
     };
-    let Device::Cuda(dev) = first.side.0.device() else {
+    let bufs = commits
+        .iter()
+        .flat_map(|c| [c.side.0, c.side.1, c.ring.0, c.ring.1])
+        .map(|t| (t, keep));
+    let Some(shape) = TableShape::of(first.side.0, bufs).filter(|_| keep > 0) else {
         return Ok(false);
     };
-    let like = first.side.0;
-    let (_, heads, _, d) = like.dims4()?;
-    let row = d * like.dtype().size_in_bytes();
-    let fits = |t: &Tensor, slots_min: usize| {
-        t.is_contiguous()
-            && t.dtype() == like.dtype()
-            && t.device().same_device(like.device())
-            && t.dims4()
-                .is_ok_and(|(b, h, s, e)| b == 1 && h == heads && e == d && s >= slots_min)
-    };
-    let usable = keep > 0
-        && row.is_multiple_of(16)
-        && matches!(like.dtype(), DType::BF16 | DType::F16 | DType::F32)
-        && commits.iter().all(|c| {
-            [c.side.0, c.side.1].iter().all(|t| fits(t, keep))
-                && [c.ring.0, c.ring.1].iter().all(|t| fits(t, keep))
-        });
-    if !usable {
-        return Ok(false);
-    }
-    let stream = dev.cuda_stream();
-    let address = |t: &Tensor| byte_address(t, &stream);
     let mut table = Vec::with_capacity(commits.len() * 8);
     for c in commits {
         let (side_slots, ring_slots) = (c.side.0.dim(2)?, c.ring.0.dim(2)?);
         table.extend([
-            address(c.side.0)?,
-            address(c.side.1)?,
-            address(c.ring.0)?,
-            address(c.ring.1)?,
-            (side_slots * row) as i64,
-            (ring_slots * row) as i64,
+            shape.address(c.side.0)?,
+            shape.address(c.side.1)?,
+            shape.address(c.ring.0)?,
+            shape.address(c.ring.1)?,
+            (side_slots * shape.row) as i64,
+            (ring_slots * shape.row) as i64,
             (c.first_slot % ring_slots) as i64,
             ring_slots as i64,
         ]);
     }
-    let n = table.len();
-    let table = Tensor::from_vec(table, n, like.device())?;
-    let guard = table.storage_and_layout();
-    if !matches!(&*guard.0, Storage::Cuda(_)) {
-        candle_core::bail!("staged commit: the table is not on the GPU");
-    }
-    let table_view = view::<i64>(&guard, "staged commit table")?;
-    let chunks = row / 16;
-    let mut l = Launch::new(dev, "staged_commit")?;
-    l.ptr(&table_view).val(chunks as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (commits.len() as u32, heads as u32, keep as u32),
-        block_dim: (chunks.min(128) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: matches `staged_commit`; every buffer is a live contiguous [1, heads, slots, d]
-    // tensor of `row`-byte rows (checked above), rows `0..keep` of each side buffer exist and
-    // each ring slot is taken modulo its slots.
-    unsafe { l.run(cfg) }?;
+    // tensor of `row`-byte rows (checked by `TableShape::of`), rows `0..keep` of each side
+    // buffer exist and each ring slot is taken modulo its slots.
+    unsafe { shape.launch("staged_commit", table, &[], (commits.len(), keep)) }?;
     Ok(true)
-}
-
-/// Byte address of a contiguous CUDA buffer's first element (bf16, f16 or f32).
-fn byte_address(
-    t: &Tensor,
-    stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-) -> candle_core::Result<i64> {
-    let guard = t.storage_and_layout();
-    let addr = match t.dtype() {
-        DType::BF16 => view::<half::bf16>(&guard, "commit")?.device_ptr(stream).0,
-        DType::F16 => view::<half::f16>(&guard, "commit")?.device_ptr(stream).0,
-        _ => view::<f32>(&guard, "commit")?.device_ptr(stream).0,
-    };
-    Ok(addr as i64)
 }
 
 /// One layer's part of a token tree's path commit: where its tree nodes lie and where the
@@ -127,41 +80,25 @@ pub fn commit_path_rows(copies: &[PathCopy<'_>], path: &[usize]) -> candle_core:
     let Some(first) = copies.first() else {
         return Ok(true);
     };
-    let Device::Cuda(dev) = first.src.0.device() else {
-        return Ok(false);
-    };
-    let like = first.src.0;
-    let (_, heads, _, d) = like.dims4()?;
-    let row = d * like.dtype().size_in_bytes();
     let nodes = path.iter().max().map_or(0, |&m| m + 1);
-    let fits = |t: &Tensor, slots_min: usize| {
-        t.is_contiguous()
-            && t.dtype() == like.dtype()
-            && t.device().same_device(like.device())
-            && t.dims4()
-                .is_ok_and(|(b, h, s, e)| b == 1 && h == heads && e == d && s >= slots_min)
-    };
-    let usable = !path.is_empty()
-        && row.is_multiple_of(16)
-        && matches!(like.dtype(), DType::BF16 | DType::F16 | DType::F32)
-        && copies.iter().all(|c| {
-            [c.src.0, c.src.1].iter().all(|t| fits(t, nodes))
-                && [c.dst.0, c.dst.1].iter().all(|t| fits(t, path.len()))
-        });
-    if !usable {
+    let bufs = copies.iter().flat_map(|c| {
+        [(c.src.0, nodes), (c.src.1, nodes)]
+            .into_iter()
+            .chain([(c.dst.0, path.len()), (c.dst.1, path.len())])
+    });
+    let Some(shape) = TableShape::of(first.src.0, bufs).filter(|_| !path.is_empty()) else {
         return Ok(false);
-    }
-    let stream = dev.cuda_stream();
+    };
     let mut table = Vec::with_capacity(copies.len() * 10 + path.len());
     for c in copies {
         let (src_slots, dst_slots) = (c.src.0.dim(2)?, c.dst.0.dim(2)?);
         table.extend([
-            byte_address(c.src.0, &stream)?,
-            byte_address(c.src.1, &stream)?,
-            byte_address(c.dst.0, &stream)?,
-            byte_address(c.dst.1, &stream)?,
-            (src_slots * row) as i64,
-            (dst_slots * row) as i64,
+            shape.address(c.src.0)?,
+            shape.address(c.src.1)?,
+            shape.address(c.dst.0)?,
+            shape.address(c.dst.1)?,
+            (src_slots * shape.row) as i64,
+            (dst_slots * shape.row) as i64,
             (c.src_first % src_slots) as i64,
             src_slots as i64,
             (c.dst_first % dst_slots) as i64,
@@ -169,27 +106,93 @@ pub fn commit_path_rows(copies: &[PathCopy<'_>], path: &[usize]) -> candle_core:
         ]);
     }
     table.extend(path.iter().map(|&p| p as i64));
-    let n = table.len();
-    let table = Tensor::from_vec(table, n, like.device())?;
-    let guard = table.storage_and_layout();
-    if !matches!(&*guard.0, Storage::Cuda(_)) {
-        candle_core::bail!("path commit: the table is not on the GPU");
-    }
-    let table_view = view::<i64>(&guard, "path commit table")?;
-    let chunks = row / 16;
-    let mut l = Launch::new(dev, "path_commit")?;
-    l.ptr(&table_view)
-        .val(copies.len() as i32)
-        .val(path.len() as i32)
-        .val(chunks as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (copies.len() as u32, heads as u32, 1),
-        block_dim: (chunks.min(128) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let counts = [copies.len() as i32, path.len() as i32];
     // SAFETY: matches `path_commit`; every buffer is a live contiguous [1, heads, slots, d]
-    // tensor of `row`-byte rows (checked above) and every slot is taken modulo its buffer's
-    // slots; the table holds `copies.len()` entries of ten values, then the path.
-    unsafe { l.run(cfg) }?;
+    // tensor of `row`-byte rows (checked by `TableShape::of`) and every slot is taken modulo
+    // its buffer's slots; the table holds `copies.len()` entries of ten values, then the path.
+    unsafe { shape.launch("path_commit", table, &counts, (copies.len(), 1)) }?;
     Ok(true)
+}
+
+/// The buffers of a one-launch commit: their device, heads and row bytes.
+struct TableShape {
+    dev: candle_core::cuda_backend::CudaDevice,
+    heads: usize,
+    row: usize,
+}
+
+impl TableShape {
+    /// The shape of `like` when every buffer of `bufs` (each with the slots it must have at
+    /// least) is a contiguous CUDA tensor `[1, heads, slots, d]` of `like`'s dtype, head
+    /// shape and device, with rows of whole 16-byte vectors; `None` otherwise.
+    fn of<'a>(like: &Tensor, mut bufs: impl Iterator<Item = (&'a Tensor, usize)>) -> Option<Self> {
+        let Device::Cuda(dev) = like.device() else {
+            return None;
+        };
+        let (_, heads, _, d) = like.dims4().ok()?;
+        let row = d * like.dtype().size_in_bytes();
+        let fits = |t: &Tensor, slots_min: usize| {
+            t.is_contiguous()
+                && t.dtype() == like.dtype()
+                && t.device().same_device(like.device())
+                && t.dims4()
+                    .is_ok_and(|(b, h, s, e)| b == 1 && h == heads && e == d && s >= slots_min)
+        };
+        let usable = row.is_multiple_of(16)
+            && matches!(like.dtype(), DType::BF16 | DType::F16 | DType::F32)
+            && bufs.all(|(t, slots)| fits(t, slots));
+        usable.then(|| Self {
+            dev: dev.clone(),
+            heads,
+            row,
+        })
+    }
+
+    /// Byte address of a contiguous buffer's first element.
+    fn address(&self, t: &Tensor) -> candle_core::Result<i64> {
+        let stream = self.dev.cuda_stream();
+        let guard = t.storage_and_layout();
+        let addr = match t.dtype() {
+            DType::BF16 => view::<half::bf16>(&guard, "commit")?.device_ptr(&stream).0,
+            DType::F16 => view::<half::f16>(&guard, "commit")?.device_ptr(&stream).0,
+            _ => view::<f32>(&guard, "commit")?.device_ptr(&stream).0,
+        };
+        Ok(addr as i64)
+    }
+
+    /// Launches `kernel(table, ints..., chunks)` over a grid of (layers, heads, z) blocks of
+    /// up to 128 threads, `table` uploaded first.
+    ///
+    /// # Safety
+    /// `table` and `ints` must be what `kernel` reads, and every address in the table a live
+    /// buffer of this shape with the slots the kernel indexes.
+    unsafe fn launch(
+        &self,
+        kernel: &str,
+        table: Vec<i64>,
+        ints: &[i32],
+        (layers, z): (usize, usize),
+    ) -> candle_core::Result<()> {
+        let n = table.len();
+        let table = Tensor::from_vec(table, n, &Device::Cuda(self.dev.clone()))?;
+        let guard = table.storage_and_layout();
+        if !matches!(&*guard.0, Storage::Cuda(_)) {
+            candle_core::bail!("{kernel}: the table is not on the GPU");
+        }
+        let table_view = view::<i64>(&guard, "commit table")?;
+        let chunks = self.row / 16;
+        let mut l = Launch::new(&self.dev, kernel)?;
+        l.ptr(&table_view);
+        for &v in ints {
+            l.val(v);
+        }
+        l.val(chunks as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (layers as u32, self.heads as u32, z as u32),
+            block_dim: (chunks.min(128) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { l.run(cfg) }
+    }
 }
