@@ -515,8 +515,12 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
 
 // The eight-warp fused kernels with HV (`_hv`: d <= 64) and CL (`_cl`: the splits combined
 // in a cluster); see attn_split.
+// A tree step's kernels keep two blocks an SM (at most 128 registers a thread: the ring's
+// four-head one took 163 and one block an SM); the others as the compiler chooses.
+#define ATTN_BOUNDS_false __launch_bounds__(8 * 32)
+#define ATTN_BOUNDS_true __launch_bounds__(8 * 32, 2)
 #define ATTN_SPLIT_FUSED8(NAME, T, E, HB, HV, CL, RING, TREE)                                   \
-  extern "C" __global__ void __launch_bounds__(8 * 32)                                         \
+  extern "C" __global__ void ATTN_BOUNDS_##TREE                                                \
       NAME(const T *q, const T *k, const T *v, float *part, T *y, const uint32_t *len_ptr,     \
            uint32_t len_arg, int t, int heads, int group, long q_head_stride,                 \
            long q_row_stride, long kv_head_stride, int split_len, int splits, int window,    \

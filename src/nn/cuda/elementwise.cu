@@ -354,6 +354,22 @@ ARGMAX_ROWS_SPLIT(argmax_rows_split_f32, float)
 ARGMAX_ROWS_SPLIT(argmax_rows_split_bf16, __nv_bfloat16)
 ARGMAX_ROWS_SPLIT(argmax_rows_split_f16, __half)
 
+// Copies row `src` of head h of the k and v buffers of table entry `e` (addresses e[0], e[1],
+// head stride e[4] bytes) to row `dst` of head h of e[2], e[3] (head stride e[5]): rows of
+// `chunks` 16-byte vectors, the block's threads taking every blockDim.x-th vector.
+__device__ __forceinline__ void commit_row(const long long *e, int h, long long src,
+                                           long long dst, int chunks) {
+  const long long row = (long long)chunks * 16;
+  const uint4 *sk = reinterpret_cast<const uint4 *>((const char *)e[0] + h * e[4] + src * row);
+  const uint4 *sv = reinterpret_cast<const uint4 *>((const char *)e[1] + h * e[4] + src * row);
+  uint4 *dk = reinterpret_cast<uint4 *>((char *)e[2] + h * e[5] + dst * row);
+  uint4 *dv = reinterpret_cast<uint4 *>((char *)e[3] + h * e[5] + dst * row);
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    dk[c] = sk[c];
+    dv[c] = sv[c];
+  }
+}
+
 // The commit of a speculation's accepted K/V from the side buffers of a model's staged rings
 // into the rings, every layer in one launch (`commit.rs`): layer l's entry of `table` (eight
 // 64-bit values) is the side buffer's k and v, the ring's k and v (byte addresses), their head
@@ -363,17 +379,8 @@ ARGMAX_ROWS_SPLIT(argmax_rows_split_f16, __half)
 extern "C" __global__ void staged_commit(const long long *__restrict__ table, int chunks) {
   pdl_begin();
   const long long *e = table + blockIdx.x * 8;
-  const int h = blockIdx.y, i = blockIdx.z;
-  const long long row = (long long)chunks * 16;
-  const long long slot = ((long long)e[6] + i) % e[7];
-  const char *sk = (const char *)e[0] + h * e[4] + i * row;
-  const char *sv = (const char *)e[1] + h * e[4] + i * row;
-  char *dk = (char *)e[2] + h * e[5] + slot * row;
-  char *dv = (char *)e[3] + h * e[5] + slot * row;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    reinterpret_cast<uint4 *>(dk)[c] = reinterpret_cast<const uint4 *>(sk)[c];
-    reinterpret_cast<uint4 *>(dv)[c] = reinterpret_cast<const uint4 *>(sv)[c];
-  }
+  const int i = blockIdx.z;
+  commit_row(e, blockIdx.y, i, (e[6] + i) % e[7], chunks);
 }
 
 // The commit of a token tree's accepted path in every layer in one launch (`commit.rs`):
@@ -390,20 +397,9 @@ extern "C" __global__ void path_commit(const long long *__restrict__ table, int 
   pdl_begin();
   const long long *e = table + blockIdx.x * 10;
   const long long *path = table + (long long)layers * 10;
-  const int h = blockIdx.y;
-  const long long row = (long long)chunks * 16;
   for (int i = 0; i < n; ++i) {
     const long long src = (e[6] + path[i]) % e[7], dst = (e[8] + i) % e[9];
-    if (e[0] != e[2] || src != dst) {
-      const char *sk = (const char *)e[0] + h * e[4] + src * row;
-      const char *sv = (const char *)e[1] + h * e[4] + src * row;
-      char *dk = (char *)e[2] + h * e[5] + dst * row;
-      char *dv = (char *)e[3] + h * e[5] + dst * row;
-      for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-        reinterpret_cast<uint4 *>(dk)[c] = reinterpret_cast<const uint4 *>(sk)[c];
-        reinterpret_cast<uint4 *>(dv)[c] = reinterpret_cast<const uint4 *>(sv)[c];
-      }
-    }
+    if (e[0] != e[2] || src != dst) commit_row(e, blockIdx.y, src, dst, chunks);
     __syncthreads();
   }
 }
