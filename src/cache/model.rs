@@ -662,9 +662,7 @@ impl Speculation<'_> {
         let rows: Vec<usize> = (0..n).collect();
         self.cache.hidden_settled(Some(&rows))
     }
-}
 
-impl Speculation<'_> {
     /// A commit's one-launch copy for every layer failed: some layers may hold new rows over
     /// old ones, so nothing is known intact — every layer rolls back and the cache is
     /// poisoned. Returns `e`.

@@ -89,9 +89,9 @@ impl Decoder {
         0
     }
 
-    /// Every CUDA-graph step recorded, kept or since dropped, in the order made: its rows and
-    /// the words it reads after its ids (1, the length; more for a token tree's step). Empty
-    /// off CUDA.
+    /// Each kind of CUDA-graph step recorded, kept or since dropped, in the order first made:
+    /// its rows and the words it reads after its ids (1, the length; more for a token tree's
+    /// step). Empty off CUDA.
     pub fn graph_steps_made(&self) -> Vec<(usize, usize)> {
         #[cfg(feature = "cuda")]
         {
@@ -399,12 +399,13 @@ impl Decoder {
         };
         let len = (cache.offset() + tokens.len()) as u32;
         let mut key = in_place_key(&bufs);
-        // A tree step reads its words (another recording than a chain's).
-        let mut words = vec![len];
-        if let Some(tree) = &tree {
+        // A tree step reads its words after the length (another recording than a chain's).
+        let tree_words = tree.as_ref().map(|tree| {
             key.push(u64::MAX - 2);
-            words.extend(tree);
-        }
+            [&[len][..], tree].concat()
+        });
+        let len_word = [len];
+        let words = tree_words.as_deref().unwrap_or(&len_word);
         // A step that hands out hidden states is another recording per set of layers.
         let taps = cache.hidden_layers().map(<[usize]>::to_vec);
         if let Some(taps) = &taps {
@@ -419,7 +420,7 @@ impl Decoder {
             (slot, greedy),
             key,
             tokens,
-            &words,
+            words,
             None,
             |ids, words, _| {
                 let len = &words.narrow(0, 0, 1)?;

@@ -100,7 +100,8 @@ struct Inner {
     /// Set when recording failed once: the model stays on the ordinary path.
     disabled: bool,
     recordings: Vec<(usize, Recording)>,
-    /// Every recording made, kept or since dropped: its rows and the words it reads.
+    /// Each kind of recording made, kept or since dropped: its rows and the words it reads
+    /// (once a kind, so the list stays as short as the kinds of step).
     made: Vec<(usize, usize)>,
 }
 
@@ -143,9 +144,9 @@ fn write_u32(dev: &CudaDevice, dst: &Tensor, data: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// Writes the step's input into a recording's `io` buffer (`[t + 1]` u32), on the device's
-/// stream: the ids (uploaded, or copied on the device from where the step before left them),
-/// then the cache length.
+/// Writes the step's input into a recording's `io` buffer (`[t + words]` u32), on the
+/// device's stream: the ids (uploaded, or copied on the device from where the step before
+/// left them), then the words (the cache length first).
 fn write_io(dev: &CudaDevice, io: &Tensor, ids: StepIds, words: &[u32]) -> Result<()> {
     let t = ids.len();
     if io.dim(0)? != t + words.len() {
@@ -180,8 +181,8 @@ impl Graphs {
         self.inner.lock().map_or(0, |i| i.recordings.len())
     }
 
-    /// The rows and words (see [`Self::run`]) of every recording made here, those since
-    /// dropped included, in the order made.
+    /// The rows and words (see [`Self::run`]) of each kind of recording made here, those
+    /// since dropped included, in the order first made.
     pub fn made(&self) -> Vec<(usize, usize)> {
         self.inner.lock().map_or(Vec::new(), |i| i.made.clone())
     }
@@ -263,7 +264,7 @@ impl Graphs {
         let device = candle_core::Device::Cuda(dev.clone());
         let io = Tensor::zeros(t + words.len(), DType::U32, &device)?;
         write_io(dev, &io, ids, words)?;
-        let (ids, len_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, words.len())?);
+        let (ids, words_t) = (io.narrow(0, 0, t)?, io.narrow(0, t, words.len())?);
         // The recording's own copy of the input rows (contiguous, at a fixed address).
         let input = match input {
             Some(rows) => {
@@ -277,7 +278,7 @@ impl Graphs {
         // operands) come from a cache filled by the eager run, so the recording reads them
         // from device memory that outlives it.
         let _params = dev.enable_cuda_graph_htod_cache();
-        let (eager, eager_aux) = step(&ids, &len_t, input.as_ref())?;
+        let (eager, eager_aux) = step(&ids, &words_t, input.as_ref())?;
         let aux = eager_aux.as_ref().map(Tensor::zeros_like).transpose()?;
         let (eager, out) = if greedy {
             let best = super::argmax::argmax_on_device(&eager)?;
@@ -288,7 +289,7 @@ impl Graphs {
             (eager, out)
         };
         match record(dev, || {
-            let (logits, hidden) = step(&ids, &len_t, input.as_ref())?;
+            let (logits, hidden) = step(&ids, &words_t, input.as_ref())?;
             if let (Some(aux), Some(hidden)) = (&aux, &hidden) {
                 aux.slice_set(hidden, 0, 0)?;
             }
@@ -303,7 +304,9 @@ impl Graphs {
                 if let Some(census) = graph.census.filter(|_| census_printed()) {
                     eprintln!("graph of {t} rows: {census:?}");
                 }
-                inner.made.push((t, words.len()));
+                if !inner.made.contains(&(t, words.len())) {
+                    inner.made.push((t, words.len()));
+                }
                 inner.recordings.push((
                     slot,
                     Recording {
