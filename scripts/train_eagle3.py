@@ -100,6 +100,7 @@ the same simulation for comparison.
 
 import argparse
 import collections
+import contextlib
 import copy
 import glob
 import importlib.metadata
@@ -538,7 +539,7 @@ class StateCapture:
 
 
 @torch.no_grad()
-def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, cdt, eos_id):
+def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, cdt, eos_id, capture=True):
     """prompts: token lists of one batch (any lengths; left-padded for the batched generation, with
     the attention mask, so every row keeps RoPE positions 0..). Each row is continued by gen_len
     tokens (one more is generated and dropped so that every kept position has been processed; the
@@ -547,7 +548,8 @@ def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, 
     hidden states recorded while generating (one target pass: prefill, then one cached decode step
     per token) feats [N,total_len,len(layers)*H] (hidden_states[k] for k in layers), fin
     [N,total_len,H] (after the final norm), targmax [N,total_len] (argmax of the target's full
-    logits at each generated-from position, 0 elsewhere) and valid [N] (rows' kept lengths)."""
+    logits at each generated-from position, 0 elsewhere) and valid [N] (rows' kept lengths).
+    capture=False records no states (feats and fin are None: --recompute-features)."""
     lens = [len(p) for p in prompts]
     P = max(lens)
     ids = torch.tensor([[0] * (P - n) + list(p) for p, n in zip(prompts, lens)], device=device)
@@ -556,27 +558,29 @@ def generate(target, prompts, gen_len, total_len, sample, device, seed, layers, 
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
     rec = ArgmaxRecorder()
     stop = StoppingCriteriaList([AllEos(eos_id, P)]) if eos_id is not None else None
-    with StateCapture(target, layers, cdt) as cap:
+    with (StateCapture(target, layers, cdt) if capture else contextlib.nullcontext()) as cap:
         seq = target.generate(ids, attention_mask=am, max_new_tokens=gen_len + 1,
                               generation_config=no_eos_config(target),
                               logits_processor=LogitsProcessorList([rec]), stopping_criteria=stop, **kw)
-    feats = torch.cat(cap.feats, 1)  # [N, P + steps - 1, .]: the prefill, then one position a step
-    fin = torch.cat(cap.fin, 1)
-    del cap
+    if capture:
+        feats = torch.cat(cap.feats, 1)  # [N, P + steps - 1, .]: the prefill, then one position a step
+        fin = torch.cat(cap.fin, 1)
+        del cap
     am_ = torch.stack(rec.out, 1)  # [N, steps]: argmax at padded positions P-1 ..
     N = seq.shape[0]
-    n_proc = feats.shape[1]  # positions processed by the target
+    n_proc = seq.shape[1] - 1  # positions processed by the target (the last token was not fed back)
     out_ids = torch.zeros(N, total_len, dtype=torch.long)
-    out_f = torch.zeros(N, total_len, feats.shape[-1], dtype=cdt)
-    out_fi = torch.zeros(N, total_len, fin.shape[-1], dtype=cdt)
+    out_f = torch.zeros(N, total_len, feats.shape[-1], dtype=cdt) if capture else None
+    out_fi = torch.zeros(N, total_len, fin.shape[-1], dtype=cdt) if capture else None
     out_am = torch.zeros(N, total_len, dtype=torch.long)
     valid = []
     for b in range(N):
         pad = P - lens[b]
         keep = min(total_len, lens[b] + gen_len, n_proc - pad)
         out_ids[b, :keep] = seq[b, pad:pad + keep].cpu()
-        out_f[b, :keep] = feats[b, pad:pad + keep].to(cdt).cpu()
-        out_fi[b, :keep] = fin[b, pad:pad + keep].to(cdt).cpu()
+        if capture:
+            out_f[b, :keep] = feats[b, pad:pad + keep].to(cdt).cpu()
+            out_fi[b, :keep] = fin[b, pad:pad + keep].to(cdt).cpu()
         na = min(am_.shape[1], keep - (lens[b] - 1))
         out_am[b, lens[b] - 1:lens[b] - 1 + na] = am_[b, :na].cpu()
         valid.append(keep)
@@ -616,8 +620,8 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
         gen_len = args.seq_len - max(lens)
         assert gen_len > 0, f"prompts of {max(lens)} tokens leave nothing to generate in --seq-len {args.seq_len}"
         ids, f, fi, am, v = generate(target, chunk, gen_len, args.seq_len, modes[b], device, rng.randrange(1 << 30),
-                                     layers, cdt, eos_id)
-        if i == 0:  # the recorded states of the first and last rows equal a fresh unpadded full forward
+                                     layers, cdt, eos_id, capture=not args.recompute_features)
+        if i == 0 and f is not None:  # the recorded states of the first and last rows equal a fresh unpadded full forward
             for r_ in (0, ids.shape[0] - 1):
                 n_ = int(v[r_])
                 fr, ar = target_forward_all(target, ids[r_, :n_].to(device), layers)
@@ -638,8 +642,15 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
         sampled += [modes[b]] * ids.shape[0]
         if (i + 1) % 5 == 0 or i + 1 == nb or i < 2:
             log(f"  generated {len(plens)} sequences ({i + 1}/{nb} batches) in {time.time() - t0:.0f}s")
+    if not ids_l:  # nothing generated (--num-seqs 0: a run training on --data-in sets only)
+        z = torch.zeros(0, args.seq_len, dtype=torch.long)
+        ids_l, am_l, v_l = [z], [z], [torch.zeros(0, dtype=torch.long)]
+        H = target.config.get_text_config().hidden_size
+        cap = not args.recompute_features
+        f_l = [torch.zeros(0, args.seq_len, len(layers) * H, dtype=cdt) if cap else None]
+        fi_l = [torch.zeros(0, args.seq_len, H, dtype=cdt) if cap else None]
     ids = torch.cat(ids_l)
-    plen = torch.tensor(plens)
+    plen = torch.tensor(plens, dtype=torch.long)
     valid = torch.cat(v_l)
     # loss mask over target positions p (the distribution predicting token p+1): generated tokens
     # only (p + 1 >= plen), up to and including the first generated EOS, within the row's kept length.
@@ -650,8 +661,10 @@ def build_set(target, streams, n, args, rng, device, eos_id, layers, cdt, prompt
         is_eos = (ids == eos_id) & (p >= plen[:, None]) & (p < valid[:, None])
         first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((ids.shape[0],), L))
         mask &= p + 1 <= first[:, None]
-    return {"ids": ids, "plen": plen, "mask": mask, "sampled": torch.tensor(sampled), "valid": valid,
-            "feats": torch.cat(f_l), "fin": torch.cat(fi_l), "targmax": torch.cat(am_l), "prompt_idx": used}
+    return {"ids": ids, "plen": plen, "mask": mask, "sampled": torch.tensor(sampled, dtype=torch.bool), "valid": valid,
+            "feats": torch.cat(f_l) if f_l and f_l[0] is not None else None,
+            "fin": torch.cat(fi_l) if fi_l and fi_l[0] is not None else None,
+            "targmax": torch.cat(am_l), "prompt_idx": used}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -714,20 +727,41 @@ def ttt_loss(head, embed, tgt_head, feats, fin, ids, mask, steps, decay, draft_i
     return total, torch.stack(stats)
 
 
-def iterate(data, idx, bs, device, feats_all, fin_all):
+class Features:
+    """The fused states and final-norm output of a set's rows, [B,L,len(layers)*H] and [B,L,H] in
+    float32 on `device`: the states recorded while generating where the set holds them, else
+    (--recompute-features) a forward of the base model over the rows' ids (right padding after a
+    row's kept length changes nothing before it: causal attention), under bf16 autocast on a GPU."""
+
+    def __init__(self, target, layers, device):
+        self.target, self.layers, self.device = target, layers, device
+        self.base = target.get_base_model() if hasattr(target, "get_base_model") else target.model
+
+    @torch.no_grad()
+    def __call__(self, data, rows):
+        if data["feats"] is not None:
+            return data["feats"][rows].to(self.device).float(), data["fin"][rows].to(self.device).float()
+        ids = data["ids"][rows].to(self.device)
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            with StateCapture(self.target, self.layers, torch.float32) as cap:
+                self.base(input_ids=ids, use_cache=False)
+        return cap.feats[0], cap.fin[0]
+
+
+def iterate(data, idx, bs, device, features):
     for i in range(0, len(idx) - bs + 1, bs):
         b = idx[i:i + bs]
-        yield (feats_all[b].to(device).float(), fin_all[b].to(device).float(), data["ids"][b].to(device),
-               data["mask"][b].to(device), data["targmax"][b].to(device))
+        f, fi = features(data, b)
+        yield f, fi, data["ids"][b].to(device), data["mask"][b].to(device), data["targmax"][b].to(device)
 
 
 @torch.no_grad()
-def evaluate_heldout(head, embed, tgt_head, held, steps, decay, draft_ids, t2d, autocast, device, bs):
+def evaluate_heldout(head, embed, tgt_head, held, steps, decay, draft_ids, t2d, autocast, device, bs, features):
     head.eval()
     tot = None
     n = held["ids"].shape[0]
     for i in range(0, n, bs):
-        f, fi = held["feats"][i:i + bs].to(device).float(), held["fin"][i:i + bs].to(device).float()
+        f, fi = features(held, torch.arange(i, min(i + bs, n)))
         m = held["mask"][i:i + bs].to(device)
         _, st = ttt_loss(head, embed, tgt_head, f, fi, held["ids"][i:i + bs].to(device), m, steps, decay,
                          draft_ids, t2d, autocast, pick_anchors(m, 0, None), held["targmax"][i:i + bs].to(device))
@@ -998,6 +1032,10 @@ def main():
     ap.add_argument("--self-prompt-seconds", type=float, default=120.0, help="time budget of the self-written requests")
     ap.add_argument("--data-out", default=None,
                     help="save the generated training set (token ids, recorded states, masks) to this file")
+    ap.add_argument("--recompute-features", action="store_true",
+                    help="record no states while generating: each training batch runs the target over its rows "
+                         "(bf16 autocast on a GPU) for them, so a set costs its token ids only")
+    ap.add_argument("--gen-only", action="store_true", help="stop after generating (and --data-out)")
     ap.add_argument("--data-in", default=None,
                     help="comma-separated files of earlier --data-out runs to train on beside this run's generations "
                          "(same target, --layers and --seq-len; give each run its own --seed, or its prompts repeat)")
@@ -1206,26 +1244,38 @@ def main():
     del train["prompt_idx"]
     if args.data_out:
         torch.save({"set": train, "layers": layers, "seq_len": args.seq_len, "target": args.target,
-                    "command": command_args(), "seconds": t_gen}, args.data_out)
+                    "command": command_args(), "seconds": t_gen, "self_prompts": self_info}, args.data_out)
         log(f"saved the generated set to {args.data_out}")
+    if args.gen_only:
+        log(f"--gen-only: total {time.time() - t_start:.0f}s")
+        return
     loaded = []  # (path, sequences, command) of each --data-in file
     for path in filter(None, (args.data_in or "").split(",")):
         d = torch.load(path, weights_only=False)
         assert d["layers"] == layers and d["seq_len"] == args.seq_len, \
             f"{path}: layers {d['layers']} / seq-len {d['seq_len']}, this run {layers} / {args.seq_len}"
+        if d["set"]["feats"] is None or train["feats"] is None:
+            assert args.recompute_features, f"{path} holds no recorded states: train on it with --recompute-features"
+            d["set"]["feats"] = d["set"]["fin"] = None
         for k, v in d["set"].items():
-            train[k] = train[k] + v if isinstance(v, list) else torch.cat([train[k], v])
+            if v is not None:
+                train[k] = train[k] + v if isinstance(v, list) else torch.cat([train[k], v])
+        self_info = self_info or d.get("self_prompts")
+        t_gen += d.get("seconds", 0.0)
         loaded.append((path, d["set"]["ids"].shape[0], " ".join(d["command"])))
         log(f"loaded {d['set']['ids'].shape[0]} sequences from {path}")
-    mx = max(train["feats"].float().abs().max().item(), train["fin"].float().abs().max().item())
-    assert math.isfinite(mx), "features overflow the cache dtype: use --cache-dtype bfloat16 or float32"
+    if train["feats"] is not None:
+        mx = max(train["feats"].float().abs().max().item(), train["fin"].float().abs().max().item())
+        assert math.isfinite(mx), "features overflow the cache dtype: use --cache-dtype bfloat16 or float32"
+    features = Features(target, layers, device)
     held = build_set(target, held_streams, args.heldout_seqs, args, random.Random(args.seed + 1), device, eos_id,
                      layers, torch.float32, prompts=held_prompts) if (held_streams or held_prompts) else None
     n_gen = int(train["mask"].sum())
     ntok = int(train["valid"].sum())
     log(f"data: {train['ids'].shape[0]} sequences of up to {args.seq_len} tokens ({ntok} tokens, {n_gen} in the loss, "
-        f"{int(train['sampled'].sum())} sequences sampled at T=1), generation with features {t_gen:.0f}s "
-        f"(cached in {cdt}, max |h| {mx:.1f})")
+        f"{int(train['sampled'].sum())} sequences sampled at T=1), generation {t_gen:.0f}s "
+        + (f"(states cached in {cdt}, max |h| {mx:.1f})" if train["feats"] is not None
+           else "(states recomputed by each batch's target forward)"))
 
     # --- draft vocabulary
     counts = torch.bincount(train["ids"][train["mask"].roll(1, 1)].flatten(), minlength=V)  # generated tokens
@@ -1289,11 +1339,11 @@ def main():
     t_mark = None
     run_stats = None
     ev0 = evaluate_heldout(head, embed, tgt_head, held, args.ttt_steps, args.step_decay, d_ids_dev, t2d_dev,
-                           autocast, device, args.batch) if held is not None else None
+                           autocast, device, args.batch, features) if held is not None else None
     head.train()
     while step < total:
         perm = torch.randperm(N, generator=gen)
-        for f, fi, ids, m, tam in iterate(train, perm, args.batch, device, train["feats"], train["fin"]):
+        for f, fi, ids, m, tam in iterate(train, perm, args.batch, device, features):
             if step >= total:
                 break
             for gr in opt.param_groups:
@@ -1321,7 +1371,7 @@ def main():
                 tr = {"loss": (run_stats[:, 0] / cnt).tolist(), "acc": (run_stats[:, 1] / cnt).tolist()}
                 run_stats = None
                 ev = evaluate_heldout(head, embed, tgt_head, held, args.ttt_steps, args.step_decay, d_ids_dev,
-                                      t2d_dev, autocast, device, args.batch) if held is not None else None
+                                      t2d_dev, autocast, device, args.batch, features) if held is not None else None
                 el = time.time() - t_train0
                 curve.append({"step": step, "elapsed": el, "train": tr, "held": ev})
                 log(f"step {step}/{total} {el:.0f}s train loss/step " + " ".join(f"{x:.3f}" for x in tr["loss"])
@@ -1369,7 +1419,7 @@ def main():
     head = load_saved_head(args.out).to(device)  # what was saved, config included
 
     # --- self-test: the incremental (inference) path reproduces the TTT forward
-    st_diff = self_test(head, embed, held["ids"][0].to(device), held["feats"][0].to(device)) \
+    st_diff = self_test(head, embed, held["ids"][0].to(device), features(held, torch.tensor([0]))[0][0]) \
         if held is not None else None
 
     # --- acceptance simulation
@@ -1496,10 +1546,17 @@ def write_report(args, r):
         w(f"{r['tokens']:,} tokens, {r['generated']:,} in the loss"
           + (f"; generation stopped after the batch that crossed its {a['gen_seconds']:.0f} s budget" if a.get("gen_seconds") else "")
           + "). A batch stops once every row has produced EOS.")
-        w("While generating (float32), one token more than kept, so that every kept position went through the")
-        w("target, the target's hidden states at the fused layers, its final normed hidden state and the argmax of")
-        w(f"its full logits were recorded, the states cached in {a['cache_dtype']}. Loss and accuracy cover generated tokens only (up")
-        w(f"to the first EOS). Held-out: {r['held_seqs']} sequences made the same way from the held-out prompts (features in float32).")
+        if a.get("recompute_features"):
+            w(f"While generating ({a['target_dtype']}) the argmax of the target's full logits was recorded at every")
+            w("position; the hidden states at the fused layers and the final normed hidden state were not kept but")
+            w("recomputed for each training batch by a forward of the target over its rows (bf16 autocast on a GPU;")
+            w("`--recompute-features`), so a set costs only its token ids. Loss and accuracy cover generated tokens")
+            w(f"only (up to the first EOS). Held-out: {r['held_seqs']} sequences made the same way from the held-out prompts.")
+        else:
+            w("While generating (float32), one token more than kept, so that every kept position went through the")
+            w("target, the target's hidden states at the fused layers, its final normed hidden state and the argmax of")
+            w(f"its full logits were recorded, the states cached in {a['cache_dtype']}. Loss and accuracy cover generated tokens only (up")
+            w(f"to the first EOS). Held-out: {r['held_seqs']} sequences made the same way from the held-out prompts (features in float32).")
     else:
         w(f"Prompts: random token windows of the {r['src']}, {r['n_train_files']} files, without the target's held-out")
         w(f"files ({', '.join(r['held_names'])}) and without `{'`, `'.join(EVAL_SOURCE_FILES)}` (the sources of")
@@ -1531,7 +1588,8 @@ def write_report(args, r):
     w(f"cosine decay to 10%, gradient clipping {a['clip']}, bf16 autocast (norms, softmax and loss in float32),")
     w(f"batches of {a['batch']} sequences, {r['steps']} steps ({r['steps'] * a['batch'] / r['seqs']:.2f} epochs), seed {a['seed']}.")
     w("")
-    w(f"Timings ({r['device']}): generation with feature capture {r['t_gen']:.0f} s, training "
+    w(f"Timings ({r['device']}): generation{'' if a.get('recompute_features') else ' with feature capture'} "
+      f"{r['t_gen']:.0f} s, training "
       f"{r['t_train']:.0f} s, acceptance simulation {r['t_sim']:.0f} s; whole run {r['t_total']:.0f} s.")
     if r["t_train"] > a["max_seconds"]:
         w(f"(Training overran its --max-seconds {a['max_seconds']:.0f}: the budget is applied at step 30 from the speed of")
