@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use specdec::engine::EngineOptions;
 use specdec::experiment::{
     apply_override, load_prompts, sweep_points, DatasetConfig, ExperimentConfig, GammaChoice,
-    Method,
+    Method, Prompt,
 };
 
 fn shipped_configs() -> Vec<PathBuf> {
@@ -157,6 +157,11 @@ fn bad_values_name_the_key_and_the_allowed_values() {
         ("max_new_tokens = 0\n", "max_new_tokens", ">= 1"),
         ("[dataset]\nlimit = 0\n", "dataset.limit", ">= 1"),
         (
+            "[dataset]\nper_category = 0\n",
+            "dataset.per_category",
+            ">= 1",
+        ),
+        (
             "[drafters.a]\nkind = \"ngram\"\n[sweep]\ndrafter = \"b\"\n",
             "sweep.drafter",
             "defined drafters: a",
@@ -294,6 +299,71 @@ fn spec_bench_is_read_as_it_is() {
     config.categories = Some(specdec::experiment::List(vec!["codng".into()]));
     let err = load_prompts(&config).unwrap_err().to_string();
     assert!(err.contains("codng") && err.contains("coding"), "{err}");
+}
+
+/// `per_category` keeps the first N of every category in file order, against the file read
+/// without it; it applies after `categories` and before `limit`.
+#[test]
+fn per_category_samples_every_category_in_file_order() {
+    let mut config = DatasetConfig {
+        path: "configs/prompts/spec_bench_question.jsonl".into(),
+        ..DatasetConfig::default()
+    };
+    let all = load_prompts(&config).unwrap();
+    let mut categories: Vec<&str> = all.iter().filter_map(|p| p.category.as_deref()).collect();
+    categories.sort_unstable();
+    categories.dedup();
+    for per in [1, 2, 15] {
+        config.per_category = Some(per);
+        let got = load_prompts(&config).unwrap();
+        let mut expected = Vec::new();
+        for p in &all {
+            let c = p.category.as_deref();
+            if expected
+                .iter()
+                .filter(|q: &&Prompt| q.category.as_deref() == c)
+                .count()
+                < per
+            {
+                expected.push(p.clone());
+            }
+        }
+        assert_eq!(got, expected, "per_category = {per}");
+        for c in &categories {
+            let n = got
+                .iter()
+                .filter(|p| p.category.as_deref() == Some(*c))
+                .count();
+            let available = all
+                .iter()
+                .filter(|p| p.category.as_deref() == Some(*c))
+                .count();
+            assert_eq!(n, per.min(available), "{c}, per_category = {per}");
+        }
+    }
+    config.per_category = Some(2);
+    config.categories = Some(specdec::experiment::List(vec!["qa".into(), "rag".into()]));
+    config.limit = Some(3);
+    let got = load_prompts(&config).unwrap();
+    let ids: Vec<&str> = got.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids, ["321", "322", "481"]);
+}
+
+#[test]
+fn per_category_needs_categories() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.jsonl");
+    std::fs::write(&path, "{\"id\": \"a\", \"prompt\": \"x\"}\n").unwrap();
+    let config = DatasetConfig {
+        path,
+        per_category: Some(1),
+        ..DatasetConfig::default()
+    };
+    let err = load_prompts(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("per_category") && err.contains("plain.jsonl") && err.contains("\"a\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -19,8 +19,9 @@ pub struct Prompt {
 }
 
 /// Reads the prompts `config` selects: blank lines are skipped, the `categories` filter is
-/// applied, then `limit`. A malformed line is an error naming the file and the line number;
-/// so is a filter that leaves no prompt.
+/// applied, then `per_category`, then `limit`. A malformed line is an error naming the file
+/// and the line number; so is a filter that leaves no prompt, and `per_category` over a
+/// prompt without a category.
 pub fn load_prompts(config: &DatasetConfig) -> Result<Vec<Prompt>> {
     let path = &config.path;
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
@@ -42,6 +43,9 @@ pub fn load_prompts(config: &DatasetConfig) -> Result<Vec<Prompt>> {
         }
         None => all,
     };
+    if let Some(per) = config.per_category {
+        prompts = first_of_each_category(path, prompts, per)?;
+    }
     if let Some(limit) = config.limit {
         prompts.truncate(limit);
     }
@@ -52,6 +56,27 @@ pub fn load_prompts(config: &DatasetConfig) -> Result<Vec<Prompt>> {
         )));
     }
     Ok(prompts)
+}
+
+/// The first `per` prompts of each category, in file order.
+fn first_of_each_category(path: &Path, prompts: Vec<Prompt>, per: usize) -> Result<Vec<Prompt>> {
+    let mut taken: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut kept = Vec::new();
+    for p in prompts {
+        let Some(category) = &p.category else {
+            return Err(Error::invalid(format!(
+                "dataset.per_category: prompt {:?} of {} has no category",
+                p.id,
+                path.display()
+            )));
+        };
+        let n = taken.entry(category.clone()).or_insert(0);
+        if *n < per {
+            *n += 1;
+            kept.push(p);
+        }
+    }
+    Ok(kept)
 }
 
 /// Every wanted category must occur in the file (a typo would silently select nothing).

@@ -263,6 +263,10 @@ pub struct DatasetConfig {
     /// Keep only prompts of these categories.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub categories: Option<List<String>>,
+    /// Keep the first N prompts of each category, in file order (after the category filter,
+    /// before `limit`): a sample across a benchmark's tasks rather than the first of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_category: Option<usize>,
     /// Wrap the first turn in the target's chat template before encoding.
     #[serde(default)]
     pub chat_template: bool,
@@ -281,6 +285,7 @@ impl Default for DatasetConfig {
             path: default_dataset_path(),
             limit: None,
             categories: None,
+            per_category: None,
             chat_template: false,
             turns: TurnsChoice::First,
         }

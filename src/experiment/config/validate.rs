@@ -114,6 +114,11 @@ impl ExperimentConfig {
             problems
                 .push("dataset.limit = 0: must be >= 1 (leave it out to use every prompt)".into());
         }
+        if self.dataset.per_category == Some(0) {
+            problems.push(
+                "dataset.per_category = 0: must be >= 1 (leave it out to use every prompt)".into(),
+            );
+        }
         if let Some(categories) = &self.dataset.categories {
             if categories.is_empty() {
                 problems.push(
