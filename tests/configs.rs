@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use specdec::engine::EngineOptions;
 use specdec::experiment::{
-    apply_override, load_prompts, sweep_points, DatasetConfig, ExperimentConfig, GammaChoice,
-    Method, Prompt,
+    apply_override, load_prompts, selection, sweep_points, DatasetConfig, ExperimentConfig,
+    GammaChoice, Method, Prompt,
 };
 
 fn shipped_configs() -> Vec<PathBuf> {
@@ -347,6 +347,24 @@ fn per_category_samples_every_category_in_file_order() {
     let got = load_prompts(&config).unwrap();
     let ids: Vec<&str> = got.iter().map(|p| p.id.as_str()).collect();
     assert_eq!(ids, ["321", "322", "481"]);
+}
+
+/// A summary names how its prompts were selected, in the order the filters apply.
+#[test]
+fn a_selection_is_described_in_filter_order() {
+    let mut config = DatasetConfig::default();
+    assert_eq!(selection(&config), "");
+    config.limit = Some(3);
+    assert_eq!(selection(&config), " (the first 3)");
+    config.per_category = Some(2);
+    config.categories = Some(specdec::experiment::List(vec![
+        "coding".into(),
+        "math".into(),
+    ]));
+    assert_eq!(
+        selection(&config),
+        " (categories coding, math; 2 per category; the first 3)"
+    );
 }
 
 #[test]

@@ -58,6 +58,25 @@ pub fn load_prompts(config: &DatasetConfig) -> Result<Vec<Prompt>> {
     Ok(prompts)
 }
 
+/// How `config` selected its prompts from the file, for a summary's header: empty when every
+/// prompt was taken, else e.g. ` (categories coding, math; 2 per category; the first 3)`.
+pub fn selection(config: &DatasetConfig) -> String {
+    let mut parts = Vec::new();
+    if let Some(categories) = &config.categories {
+        parts.push(format!("categories {}", categories.join(", ")));
+    }
+    if let Some(per) = config.per_category {
+        parts.push(format!("{per} per category"));
+    }
+    if let Some(limit) = config.limit {
+        parts.push(format!("the first {limit}"));
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", parts.join("; ")),
+    }
+}
+
 /// The first `per` prompts of each category, in file order.
 fn first_of_each_category(path: &Path, prompts: Vec<Prompt>, per: usize) -> Result<Vec<Prompt>> {
     let mut taken: std::collections::HashMap<String, usize> = std::collections::HashMap::new();

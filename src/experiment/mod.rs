@@ -41,7 +41,7 @@ pub use config::{
     SweepConfig, TargetConfig, TurnsChoice,
 };
 pub use context::{check_context, context_limit};
-pub use dataset::{load_prompts, Prompt};
+pub use dataset::{load_prompts, selection, Prompt};
 pub use load::{check_vocabulary, select_device, LoadedModel};
 pub use output::{default_result_path, ResultDir};
 pub use plot::write_plots;

@@ -549,11 +549,12 @@ fn describe(
         );
     }
     s + &format!(
-        "* device: {:?}; prompts: {prompts} from `{}`; max_new_tokens: {}; seed: {}\n\
+        "* device: {:?}; prompts: {prompts} from `{}`{}; max_new_tokens: {}; seed: {}\n\
          * engine options: `[engine]` of `config.toml` (SPECDEC_* overrides applied); swept: {}\n\
          * resolved config: `config.toml`; per-generation records: `results.jsonl`",
         device.location(),
         config.dataset.path.display(),
+        super::dataset::selection(&config.dataset),
         config.max_new_tokens,
         config.seed,
         match config.engine.swept() {
