@@ -1,5 +1,6 @@
 //! Prompt datasets: JSONL of `{"id", "prompt"}` or Spec-Bench's
 //! `{"question_id", "category", "turns"}`, filtered by category and limited.
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde_json::Value;
@@ -79,7 +80,7 @@ pub fn selection(config: &DatasetConfig) -> String {
 
 /// The first `per` prompts of each category, in file order.
 fn first_of_each_category(path: &Path, prompts: Vec<Prompt>, per: usize) -> Result<Vec<Prompt>> {
-    let mut taken: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut taken: HashMap<String, usize> = HashMap::new();
     let mut kept = Vec::new();
     for p in prompts {
         let Some(category) = &p.category else {
