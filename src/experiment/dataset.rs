@@ -1,5 +1,5 @@
 //! Prompt datasets: JSONL of `{"id", "prompt"}` or Spec-Bench's
-//! `{"question_id", "category", "turns"}`, filtered by category and limited.
+//! `{"question_id", "category", "turns"}`, filtered by category, sampled per category and limited.
 use std::collections::HashMap;
 use std::path::Path;
 
