@@ -303,3 +303,69 @@ fn bad_heads_are_refused_with_errors_naming_the_file_and_key() {
     let e = load(tmp.path());
     assert!(e.contains("pytorch_model.bin"), "{e}");
 }
+
+/// A head stored in f16 keeps its products' weights f16 on the CPU (half the bytes a step):
+/// its outputs and logits equal bitwise those of the same weights widened to f32 in the file,
+/// for a prefill of many rows (candle's product) and for steps of one and several rows (the
+/// skinny kernels).
+#[test]
+fn an_f16_head_computes_what_its_f32_widening_computes() {
+    use candle_core::{DType, Device};
+    let target = shipped("target");
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, half, wide) = (
+        tmp.path().join("src"),
+        tmp.path().join("f16"),
+        tmp.path().join("f32"),
+    );
+    random_head(&src, (1024, 256), &[1, 2, 3], 300, 5);
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    for (dir, dtype) in [(&half, DType::F16), (&wide, DType::F32)] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+        let converted: std::collections::HashMap<String, Tensor> = tensors
+            .iter()
+            .map(|(k, t)| {
+                let t = match t.dtype() {
+                    DType::F32 => t.to_dtype(DType::F16).unwrap().to_dtype(dtype).unwrap(),
+                    _ => t.clone(),
+                };
+                (k.clone(), t)
+            })
+            .collect();
+        candle_core::safetensors::save(&converted, dir.join("model.safetensors")).unwrap();
+    }
+    let load = |dir: &Path| load_eagle3(dir, target.num_layers(), target.embedding()).unwrap();
+    let (h16, h32) = (load(&half), load(&wide));
+    assert_eq!(h16.weight_dtype(), Some(DType::F16));
+    assert_eq!(h32.weight_dtype(), Some(DType::F32));
+    let mut caches = (h16.new_cache().unwrap(), h32.new_cache().unwrap());
+    let features = Tensor::randn(0f32, 1.0, (40, 3 * 256), &Device::Cpu).unwrap();
+    let ids = Tensor::new(tokens(40, 1024, 4).as_slice(), &Device::Cpu).unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    // A prefill of 30 pairs, then steps of 1, 4 and 1 pairs.
+    for (start, len) in [(0, 30), (30, 1), (31, 4), (35, 1)] {
+        let (f, i) = (
+            features.narrow(0, start, len).unwrap(),
+            ids.narrow(0, start, len).unwrap(),
+        );
+        let a = h16.forward(&i, &f, &mut caches.0, false).unwrap();
+        let b = h32.forward(&i, &f, &mut caches.1, false).unwrap();
+        assert_eq!(
+            bits(&a.0),
+            bits(&b.0),
+            "outputs of pairs {start}..{}",
+            start + len
+        );
+        assert_eq!(
+            bits(&a.1),
+            bits(&b.1),
+            "logits of pairs {start}..{}",
+            start + len
+        );
+    }
+}
