@@ -134,7 +134,7 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
     let attn = Attention::new(AttentionParts {
         qkv: Linear::new(qkv, None),
         o: Linear::new(
-            t.matrix(&proj("o"), &[hidden, h.num_heads * h.head_dim])?,
+            t.get(&proj("o"), &[hidden, h.num_heads * h.head_dim], 1.0)?,
             None,
         ),
         qk_norm,
@@ -143,7 +143,7 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
         softcap: None,
     })?;
     let inter = spec.intermediate_size;
-    let mlp = |p: &str, shape: &[usize]| t.matrix(&name(&format!("mlp.{p}_proj.weight")), shape);
+    let mlp = |p: &str, shape: &[usize]| t.get(&name(&format!("mlp.{p}_proj.weight")), shape, 1.0);
     let gate_up = Tensor::cat(
         &[mlp("gate", &[inter, hidden])?, mlp("up", &[inter, hidden])?],
         0,
@@ -183,7 +183,7 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
     Eagle3Head::new(Eagle3Parts {
         embed,
         fc: Linear::new(
-            t.matrix("fc.weight", &[hidden, layers.len() * target_hidden])?,
+            t.get("fc.weight", &[hidden, layers.len() * target_hidden], 1.0)?,
             None,
         ),
         input_norm: norm(&name("input_layernorm.weight"), hidden)?,
@@ -192,7 +192,7 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
         post_attention_norm: norm(&name("post_attention_layernorm.weight"), hidden)?,
         mlp,
         norm: norm("norm.weight", hidden)?,
-        lm_head: Linear::new(t.matrix("lm_head.weight", &[draft_vocab, hidden])?, None),
+        lm_head: Linear::new(t.get("lm_head.weight", &[draft_vocab, hidden], 1.0)?, None),
         draft_to_target,
         norm_before_residual: cfg.bool("norm_before_residual")?.unwrap_or(false),
         norm_output: cfg.bool("norm_output")?.unwrap_or(false),
@@ -302,20 +302,6 @@ impl HeadTensors {
             None => Ok(None),
             Some(_) => self.get(name, shape, 1.0).map(Some),
         }
-    }
-
-    /// A product's weight `name` checked to be `shape`: as [`Self::get`], except that f16
-    /// weights stay f16 on the CPU when the head computes in f32 (widened exactly where
-    /// they are multiplied: the same products, half the bytes read per step).
-    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.raw(name)?.ok_or_else(|| self.bad(name, "missing"))?;
-        if t.dtype() == DType::F16 && self.dtype == DType::F32 && self.device.is_cpu() {
-            if t.dims() != shape {
-                return Err(self.bad(name, &format!("shape {:?}, expected {shape:?}", t.dims())));
-            }
-            return Ok(t.to_device(&self.device)?);
-        }
-        self.get(name, shape, 1.0)
     }
 
     /// Tensor `name` checked to be `shape`, times `scale` (in f32), in the compute dtype on

@@ -172,12 +172,6 @@ impl Eagle3Head {
             + p.lm_head.param_count()
     }
 
-    /// The dtype its products' weights are held in (the LM head's): f16 where an f16 file's
-    /// products stay narrow on the CPU, else the compute dtype.
-    pub fn weight_dtype(&self) -> Option<DType> {
-        self.parts.lm_head.weight().map(Tensor::dtype)
-    }
-
     /// Empty per-sequence state: the layer's K/V (a staged ring for a sliding window: a
     /// proposal's block of any size rolls back).
     pub fn new_cache(&self) -> Result<ModelCache> {

@@ -122,9 +122,6 @@ impl Linear {
             super::skinny::skinny_matmul(x, &self.weight)?
         } else if let Some(y) = super::fused::gemv(x, &self.weight)? {
             y
-        } else if self.weight.dtype() != x.dtype() {
-            // Weights kept narrower than the activations (f16 on the CPU, exactly widened).
-            x.matmul(&self.weight.to_dtype(x.dtype())?.t()?)?
         } else {
             x.matmul(&self.weight.t()?)?
         };

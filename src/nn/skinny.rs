@@ -13,10 +13,8 @@
 //! count), AVX2/FMA ([`x86`]: one weight row at a time, about one load per multiply-add) and
 //! portable code.
 //!
-//! f32 activations, f32 or f16 weights (an f16 weight row is widened to f32 before the same
-//! kernels run, so its products equal those of the widened f32 matrix bitwise while half the
-//! bytes are read), contiguous operands only; anything else (other dtypes, devices, long
-//! prefills) goes through candle's matmul.
+//! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
+//! through candle's matmul.
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -40,8 +38,8 @@ pub const MIN_ROWS: usize = 1;
 /// (docs/kernel-notes.md).
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
-/// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. `x` f32,
-/// `w` f32 or f16, both contiguous on the CPU; the caller checks.
+/// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32
+/// and contiguous on the CPU; the caller checks.
 pub fn skinny_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     x.apply_op2_no_bwd(w, &SkinnyMatmul)
 }
@@ -50,7 +48,7 @@ pub fn skinny_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
 pub fn applies(x: &Tensor, w: &Tensor) -> bool {
     x.device().is_cpu()
         && x.dtype() == candle_core::DType::F32
-        && matches!(w.dtype(), candle_core::DType::F32 | candle_core::DType::F16)
+        && w.dtype() == candle_core::DType::F32
         && x.rank() == 2
         && (MIN_ROWS..=MAX_ROWS).contains(&x.dims()[0])
         && x.is_contiguous()
@@ -71,13 +69,8 @@ impl CustomOp2 for SkinnyMatmul {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(x), w) = (xs, ws) else {
-            candle_core::bail!("skinny-matmul: f32 activations only");
-        };
-        let w = match w {
-            CpuStorage::F32(w) => Weights::F32(w),
-            CpuStorage::F16(w) => Weights::F16(w),
-            _ => candle_core::bail!("skinny-matmul: f32 or f16 weights only"),
+        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (xs, ws) else {
+            candle_core::bail!("skinny-matmul: f32 operands only");
         };
         let ((t, inp), (out, w_in)) = (xl.shape().dims2()?, wl.shape().dims2()?);
         if inp != w_in || t > MAX_ROWS {
@@ -87,20 +80,19 @@ impl CustomOp2 for SkinnyMatmul {
         else {
             candle_core::bail!("skinny-matmul: contiguous operands only");
         };
-        let (x, w) = (&x[x0..x1], w.range(w0, w1));
+        let (x, w) = (&x[x0..x1], &w[w0..w1]);
         let mut y = vec![0f32; t * out];
         let threads = rayon::current_num_threads();
         if out * inp >= PARALLEL_MIN_WEIGHTS && threads > 1 {
             // Whole blocks of the kernels' weight rows per thread, each into its own
             // `[t, rows]` part, copied into `y`'s columns after.
             let rows_per = out.div_ceil(threads).next_multiple_of(ROW_BLOCK);
-            let parts: Vec<Vec<f32>> = (0..out.div_ceil(rows_per))
-                .into_par_iter()
-                .map(|c| {
-                    let n = rows_per.min(out - c * rows_per);
-                    let w = w.range(c * rows_per * inp, (c * rows_per + n) * inp);
+            let parts: Vec<Vec<f32>> = w
+                .par_chunks(rows_per * inp)
+                .map(|w| {
+                    let n = w.len() / inp;
                     let mut part = vec![0f32; t * n];
-                    w.rows(x, t, inp, &mut part, n);
+                    rows(x, w, t, inp, &mut part, n);
                     part
                 })
                 .collect();
@@ -111,45 +103,9 @@ impl CustomOp2 for SkinnyMatmul {
                 }
             }
         } else {
-            w.rows(x, t, inp, &mut y, out);
+            rows(x, w, t, inp, &mut y, out);
         }
         Ok((CpuStorage::F32(y), Shape::from((t, out))))
-    }
-}
-
-/// A weight matrix's elements, row-major `[rows, inp]`.
-#[derive(Clone, Copy)]
-enum Weights<'a> {
-    F32(&'a [f32]),
-    F16(&'a [half::f16]),
-}
-
-/// f16 weight rows widened per block: a multiple of [`ROW_BLOCK`], so that the kernels see
-/// the blocks they would see in the f32 matrix.
-const WIDEN_ROWS: usize = 8 * ROW_BLOCK;
-
-impl<'a> Weights<'a> {
-    fn range(self, from: usize, to: usize) -> Self {
-        match self {
-            Self::F32(w) => Self::F32(&w[from..to]),
-            Self::F16(w) => Self::F16(&w[from..to]),
-        }
-    }
-
-    /// [`rows`] over these weights; f16 rows are widened to f32, [`WIDEN_ROWS`] at a time.
-    fn rows(self, x: &[f32], t: usize, inp: usize, y: &mut [f32], stride: usize) {
-        match self {
-            Self::F32(w) => rows(x, w, t, inp, y, stride),
-            Self::F16(w) => {
-                use half::slice::HalfFloatSliceExt;
-                let mut wide = vec![0f32; WIDEN_ROWS.min(w.len() / inp.max(1)) * inp];
-                for (b, block) in w.chunks(WIDEN_ROWS * inp).enumerate() {
-                    let wide = &mut wide[..block.len()];
-                    block.convert_to_f32_slice(wide);
-                    rows(x, wide, t, inp, &mut y[b * WIDEN_ROWS..], stride);
-                }
-            }
-        }
     }
 }
 
@@ -453,43 +409,6 @@ mod tests {
                         );
                     }
                 }
-            }
-        }
-    }
-
-    /// f16 weights give bitwise the products of the same weights widened to f32, on one
-    /// thread and split across threads, for every row count and weight-row counts on both
-    /// sides of the widening block and the kernels' blocks.
-    #[test]
-    fn f16_weights_equal_their_f32_widening_bitwise() {
-        let dev = Device::Cpu;
-        for (inp, out) in [(7, 5), (64, 63), (64, 129), (256, 1531), (576, 300)] {
-            let w16 = Tensor::randn(0f32, 1.0, (out, inp), &dev)
-                .unwrap()
-                .to_dtype(candle_core::DType::F16)
-                .unwrap();
-            let w32 = w16.to_dtype(candle_core::DType::F32).unwrap();
-            for t in 1..=MAX_ROWS {
-                let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).unwrap();
-                assert!(applies(&x, &w16));
-                let want: Vec<f32> = skinny_matmul(&x, &w32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                let got: Vec<f32> = skinny_matmul(&x, &w16)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                assert!(
-                    got.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "inp {inp} out {out} t {t}"
-                );
             }
         }
     }
