@@ -38,17 +38,9 @@ pub fn commit_rings(commits: &[RingCommit<'_>], keep: usize) -> candle_core::Res
     };
     let mut table = Vec::with_capacity(commits.len() * 8);
     for c in commits {
-        let (side_slots, ring_slots) = (c.side.0.dim(2)?, c.ring.0.dim(2)?);
-        table.extend([
-            shape.address(c.side.0)?,
-            shape.address(c.side.1)?,
-            shape.address(c.ring.0)?,
-            shape.address(c.ring.1)?,
-            (side_slots * shape.row) as i64,
-            (ring_slots * shape.row) as i64,
-            (c.first_slot % ring_slots) as i64,
-            ring_slots as i64,
-        ]);
+        let ring_slots = c.ring.0.dim(2)?;
+        table.extend(shape.pair(c.side, c.ring)?);
+        table.extend([(c.first_slot % ring_slots) as i64, ring_slots as i64]);
     }
     // SAFETY: matches `staged_commit`; every buffer is a live contiguous [1, heads, slots, d]
     // tensor of `row`-byte rows (checked by `TableShape::of`), rows `0..keep` of each side
@@ -92,13 +84,8 @@ pub fn commit_path_rows(copies: &[PathCopy<'_>], path: &[usize]) -> candle_core:
     let mut table = Vec::with_capacity(copies.len() * 10 + path.len());
     for c in copies {
         let (src_slots, dst_slots) = (c.src.0.dim(2)?, c.dst.0.dim(2)?);
+        table.extend(shape.pair(c.src, c.dst)?);
         table.extend([
-            shape.address(c.src.0)?,
-            shape.address(c.src.1)?,
-            shape.address(c.dst.0)?,
-            shape.address(c.dst.1)?,
-            (src_slots * shape.row) as i64,
-            (dst_slots * shape.row) as i64,
             (c.src_first % src_slots) as i64,
             src_slots as i64,
             (c.dst_first % dst_slots) as i64,
@@ -146,6 +133,24 @@ impl TableShape {
             heads,
             row,
         })
+    }
+
+    /// A table entry's first six values, as both kernels read them: the source's and the
+    /// destination's K and V addresses, then the source's and the destination's head strides
+    /// in bytes (slots times row bytes).
+    fn pair(
+        &self,
+        src: (&Tensor, &Tensor),
+        dst: (&Tensor, &Tensor),
+    ) -> candle_core::Result<[i64; 6]> {
+        Ok([
+            self.address(src.0)?,
+            self.address(src.1)?,
+            self.address(dst.0)?,
+            self.address(dst.1)?,
+            (src.0.dim(2)? * self.row) as i64,
+            (dst.0.dim(2)? * self.row) as i64,
+        ])
     }
 
     /// Byte address of a contiguous buffer's first element.
