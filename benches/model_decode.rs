@@ -4,7 +4,8 @@
 //! 1. **Paired table** (printed first): after a prompt of each context length (128, 1,024 and
 //!    3,000 tokens, or `SPECDEC_BENCH_CONTEXTS=128,512`; lengths past the model's
 //!    `max_position_embeddings` are left out), a one-token decode step and verification
-//!    forwards of 2, 5 and 9 tokens (γ = 1, 4, 8), interleaved: each round times
+//!    forwards of 2, 5 and 9 tokens (γ = 1, 4, 8; other lengths with
+//!    `SPECDEC_BENCH_ROWS=3,4`), interleaved: each round times
 //!    [`PER_ROUND`] forwards of every kind in an order that rotates per round; the table
 //!    gives the median over rounds of each kind's mean forward time and of its ratio to the
 //!    decode step of the same round (a paired ratio, so drift of the machine's speed cancels).
@@ -33,8 +34,20 @@ const DECODE_SPAN: usize = 128;
 const PER_ROUND: usize = 8;
 /// Rounds of the paired table.
 const ROUNDS: usize = 15;
-/// Forward lengths of the paired table: a decode step, then verifications of γ + 1 tokens.
-const KINDS: [usize; 4] = [1, 2, 5, 9];
+/// Forward lengths of the paired table: a decode step, then verifications of γ + 1 tokens
+/// (2, 5 and 9, or `SPECDEC_BENCH_ROWS=3,4`).
+fn kinds() -> Vec<usize> {
+    let verify = std::env::var("SPECDEC_BENCH_ROWS")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .filter(|&n| n > 1)
+                .collect()
+        })
+        .unwrap_or_else(|| vec![2, 5, 9]);
+    std::iter::once(1).chain(verify).collect()
+}
 
 fn strategy() -> RotatingStrategy {
     RotatingStrategy::Slack { max_draft: 8 }
@@ -146,15 +159,16 @@ fn paired_row(model: &Model, context: usize) -> Vec<(f64, f64)> {
         .forward_last(&tokens(context, vocab), &mut seeded)
         .expect("prefill");
     let bytes = step_bytes(model, &seeded);
-    let mut times = vec![Vec::new(); KINDS.len()];
+    let kinds = kinds();
+    let mut times = vec![Vec::new(); kinds.len()];
     for round in 0..ROUNDS {
-        for i in 0..KINDS.len() {
-            let k = (i + round) % KINDS.len();
-            times[k].push(time_kind(model, &seeded, KINDS[k], vocab));
+        for i in 0..kinds.len() {
+            let k = (i + round) % kinds.len();
+            times[k].push(time_kind(model, &seeded, kinds[k], vocab));
         }
     }
     let bandwidth = read_bandwidth();
-    let mut row: Vec<(f64, f64)> = (0..KINDS.len())
+    let mut row: Vec<(f64, f64)> = (0..kinds.len())
         .map(|k| {
             let ratios = times[k].iter().zip(&times[0]).map(|(t, d)| t / d);
             (
@@ -177,15 +191,24 @@ fn paired_table(dir: &Path, model: &Model) {
         info.param_count as f64 / 1e6,
         info.sliding_window
     );
-    println!("| context | decode ms | verify 2 ms (×decode) | verify 5 ms (×decode) | verify 9 ms (×decode) | MB read per step | read GB/s | bound ms | decode % of bound |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let kinds = kinds();
+    let verify: String = kinds[1..]
+        .iter()
+        .map(|k| format!(" verify {k} ms (×decode) |"))
+        .collect();
+    println!("| context | decode ms |{verify} MB read per step | read GB/s | bound ms | decode % of bound |");
+    println!(
+        "|---:|---:|{}---:|---:|---:|---:|",
+        "---:|".repeat(kinds.len() - 1)
+    );
+    let longest = kinds.iter().max().copied().unwrap_or(1);
     for context in contexts()
         .into_iter()
-        .filter(|c| c + 9 + PER_ROUND <= limit)
+        .filter(|c| c + longest + PER_ROUND <= limit)
     {
         let row = paired_row(model, context);
-        let (bytes, bandwidth) = row[KINDS.len()];
-        let cells: Vec<String> = row[1..KINDS.len()]
+        let (bytes, bandwidth) = row[kinds.len()];
+        let cells: Vec<String> = row[1..kinds.len()]
             .iter()
             .map(|(ms, x)| format!("{ms:.3} ({x:.2}×)"))
             .collect();

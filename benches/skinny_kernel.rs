@@ -5,9 +5,10 @@
 //! 1. **Peak**: one AVX-512 multiply-add chain set (12 independent 16-lane accumulators) per
 //!    thread, on 1 and on all of rayon's threads: multiply-adds per second the cores retire.
 //! 2. **Products**: `[t, in] × [out, in]ᵀ` for the shipped target's shapes (q/k/v, output,
-//!    gate/up, down, LM head: `[320|256|1536|256|1024, 256|768]`), t = 1, 2, 3, 5, 9, on
-//!    rayon's pool as a forward runs them, weights hot (one matrix, repeated) and streamed
-//!    (16 copies in turn, 25 MB for gate/up: from L3 or memory): median µs of 15 rounds,
+//!    gate/up, down, LM head: `[320|256|1536|256|1024, 256|768]`; other shapes with
+//!    `SPECDEC_BENCH_SHAPES`), t = 1, 2, 3, 4, 5, 9, on rayon's pool as a forward runs them,
+//!    weights hot (one matrix, repeated), streamed (16 copies in turn, 25 MB for gate/up: from
+//!    L3 or memory) and from memory (copies filling 256 MB): median µs of 15 rounds,
 //!    multiply-adds per second, and the share of the peak; then the same on one thread (a pool
 //!    of one, where the op does not split) against the one-thread peak.
 //!
@@ -76,6 +77,19 @@ fn time_products(x: &Tensor, ws: &[Tensor]) -> f64 {
     median(&times).expect("ROUNDS > 0")
 }
 
+/// `[out, in]` of the products timed: the shipped target's, or `SPECDEC_BENCH_SHAPES` as
+/// `OUTxIN,...` (e.g. SmolLM2-135M's `960x576,576x576,3072x576,576x1536,49152x576`).
+fn shapes() -> Vec<(usize, usize)> {
+    let parse = |s: &str| {
+        let (o, i) = s.trim().split_once('x')?;
+        Some((o.parse().ok()?, i.parse().ok()?))
+    };
+    match std::env::var("SPECDEC_BENCH_SHAPES") {
+        Ok(list) => list.split(',').filter_map(parse).collect(),
+        Err(_) => vec![(320, 256), (256, 256), (1536, 256), (256, 768), (1024, 256)],
+    }
+}
+
 fn main() {
     pin_cpu_thread_count();
     let threads = rayon::current_num_threads();
@@ -100,12 +114,14 @@ fn main() {
         "| weight [out, in] | weights | t | µs, {threads} threads | GMAC/s | of the peak | µs, one thread | GMAC/s | of one's peak |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (out, inp) in [(320, 256), (256, 256), (1536, 256), (256, 768), (1024, 256)] {
-        for (label, copies) in [("hot", 1usize), ("streamed", 16)] {
+    for (out, inp) in shapes() {
+        // "memory": enough copies for 256 MB, far past any last-level cache.
+        let from_memory = (256 << 20) / (4 * out * inp);
+        for (label, copies) in [("hot", 1usize), ("streamed", 16), ("memory", from_memory)] {
             let ws: Vec<Tensor> = (0..copies)
                 .map(|_| Tensor::randn(0f32, 1.0, (out, inp), &dev).expect("weight"))
                 .collect();
-            for t in [1usize, 2, 3, 5, 9] {
+            for t in [1usize, 2, 3, 4, 5, 9] {
                 let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).expect("x");
                 let macs = (t * out * inp) as f64;
                 let s = time_products(&x, &ws);

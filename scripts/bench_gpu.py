@@ -69,7 +69,7 @@ GAMMAS = (2, 4, 8)
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--case", choices=["default", "llama8b", "gemma4b"], required=True)
+    p.add_argument("--case", choices=["default", "llama8b", "gemma4b", "smollm2"], required=True)
     p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompts", type=int, default=4)
@@ -115,6 +115,7 @@ VOCAB = int(os.environ.get("SPECDEC_BENCH_VOCAB", "1024"))
 SHAPES = {  # name -> (hidden, intermediate, layers, heads, kv heads, tied embeddings)
     "target-8b": (4096, 14336, 32, 32, 8, False),
     "draft-1b": (2048, 8192, 16, 32, 8, True),
+    "target-smollm2": (576, 1536, 30, 9, 3, True),
 }
 
 
@@ -159,21 +160,22 @@ def make_random_llama(torch, out_dir, shape):
                 b.write(a.read())
 
 
-def make_random_eagle3(torch, out_dir, target_shape):
+def make_random_eagle3(torch, out_dir, target_shape, draft_vocab=32000, layers_fused=None):
     """A random EAGLE-3 head for a Llama target of `target_shape`, in the EAGLE authors'
     release layout (config.json + model.safetensors: fc, midlayer.*, norm, lm_head, d2t, t2d;
     no embedding: the target's); N(0, 0.02) bf16 weights, norms 1, a seeded draft vocabulary
-    of min(32000, VOCAB) target ids. Skipped when `out_dir` already holds one."""
+    of min(draft_vocab, VOCAB) target ids, fusing `layers_fused` (default: 2, the middle one
+    and the third from last). Skipped when `out_dir` already holds one."""
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         return
     from safetensors.torch import save_file
 
     hidden, inter, layers, heads, kv, _ = target_shape
     d = hidden // heads
-    draft_vocab = min(32000, VOCAB)
+    draft_vocab = min(draft_vocab, VOCAB)
     cfg = llama_config(hidden, inter, 1, heads, kv, False)
     cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=draft_vocab,
-               eagle_aux_hidden_state_layer_ids=[2, layers // 2, layers - 3])
+               eagle_aux_hidden_state_layer_ids=layers_fused or [2, layers // 2, layers - 3])
     gen = torch.Generator(device="cuda").manual_seed(1)
 
     def rnd(*s):
@@ -351,6 +353,17 @@ def run_case(args, torch):
         spec_units = [("specdec", exp_config(args, dataset, target, drafters,
                                              ["autoregressive", "speculative"], [4]))]
         hf_methods = ["hf_plain", "hf_assisted", "hf_static"]
+    elif args.case == "smollm2":
+        target = os.path.join(args.models_dir, "target-smollm2")
+        head = os.path.join(args.models_dir, "eagle3-smollm2")
+        draft = None
+        make_random_llama(torch, target, SHAPES["target-smollm2"])
+        make_random_eagle3(torch, head, SHAPES["target-smollm2"], 12288, [2, 15, 27])
+        drafters = {f"oracle{int(a * 100)}_eagle3": {"kind": "oracle", "alpha": a, "path": head}
+                    for a in args.alphas}
+        spec_units = [("specdec", exp_config(args, dataset, target, drafters,
+                                             ["autoregressive", "speculative"], args.gammas))]
+        hf_methods = ["hf_plain", "hf_static"]
     else:
         t0 = time.perf_counter()
         if args.case == "gemma4b":
