@@ -383,6 +383,42 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| # | method"), "{summary}");
     check_result_folder(&out);
+    // The head names the machine and the code as the system reports them.
+    let host = summary
+        .lines()
+        .find(|l| l.starts_with("* host: "))
+        .unwrap_or_else(|| panic!("no host line: {summary}"));
+    if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+        let model = info
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, m)| m.trim().to_string());
+        if let Some(model) = model {
+            assert!(host.starts_with(&format!("* host: {model}, ")), "{host}");
+        }
+    }
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(head) => {
+            let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])
+                .unwrap_or_default()
+                .is_empty();
+            let want = match dirty {
+                true => format!("; specdec {head} with uncommitted changes"),
+                false => format!("; specdec {head}"),
+            };
+            assert!(host.ends_with(&want), "{host} (want {want})");
+        }
+        None => assert!(host.contains("specdec commit unknown"), "{host}"),
+    }
 }
 
 #[test]

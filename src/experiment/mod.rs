@@ -21,6 +21,7 @@ mod chat;
 pub mod config;
 mod context;
 mod dataset;
+mod host;
 mod load;
 mod output;
 mod plot;

@@ -549,9 +549,11 @@ fn describe(
         );
     }
     s + &format!(
-        "* device: {:?}; prompts: {prompts} from `{}`{}; max_new_tokens: {}; seed: {}\n\
+        "* host: {}\n\
+         * device: {:?}; prompts: {prompts} from `{}`{}; max_new_tokens: {}; seed: {}\n\
          * engine options: `[engine]` of `config.toml` (SPECDEC_* overrides applied); swept: {}\n\
          * resolved config: `config.toml`; per-generation records: `results.jsonl`",
+        super::host::description(),
         device.location(),
         config.dataset.path.display(),
         super::dataset::selection(&config.dataset),
