@@ -383,7 +383,8 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("| # | method"), "{summary}");
     check_result_folder(&out);
-    // The head names the machine and the code as the system reports them.
+    // The head names the machine and the code (the checkout exp was built from) as the
+    // system reports them.
     let host = summary
         .lines()
         .find(|l| l.starts_with("* host: "))
@@ -400,6 +401,8 @@ fn exp_runs_a_small_config_on_the_shipped_models() {
     }
     let git = |args: &[&str]| {
         Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
             .args(args)
             .output()
             .ok()

@@ -4,15 +4,16 @@ use std::process::Command;
 
 /// `"<CPU model>, <n> CPU threads; specdec <commit>"`: the CPU's model name (Linux's
 /// `/proc/cpuinfo`, elsewhere the architecture), the threads the CPU forwards run on, and the
-/// commit of the git checkout `exp` runs in (`git rev-parse --short=12 HEAD`), followed by
-/// " with uncommitted changes" where `git status` lists modified tracked files, or "commit
-/// unknown" outside a checkout (or without git).
+/// commit of the checkout this binary was built from (`git rev-parse --short=12 HEAD` in
+/// it), followed by " with uncommitted changes" where `git status` lists modified tracked
+/// files, or "commit unknown" where that checkout is not here (a binary carried to another
+/// machine) or git is missing.
 pub fn description() -> String {
     format!(
         "{}, {} CPU threads; specdec {}",
         cpu_model(),
         rayon::current_num_threads(),
-        commit().unwrap_or_else(|| "commit unknown (not run in a git checkout)".to_string())
+        commit().unwrap_or_else(|| "commit unknown (its checkout is not here)".to_string())
     )
 }
 
@@ -26,13 +27,19 @@ fn cpu_model() -> String {
                 .map(|(_, name)| name.trim().to_string())
         })
         .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| format!("a {} CPU", std::env::consts::ARCH))
+        .unwrap_or_else(|| format!("{} CPU (model name not read)", std::env::consts::ARCH))
 }
 
-/// The checkout's commit, marked where tracked files differ from it.
+/// The commit of the checkout the binary was built from, marked where tracked files differ
+/// from it.
 fn commit() -> Option<String> {
     let git = |args: &[&str]| {
-        let out = Command::new("git").args(args).output().ok()?;
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .output()
+            .ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
