@@ -37,15 +37,19 @@ const ROUNDS: usize = 15;
 /// Forward lengths of the paired table: a decode step, then verifications of γ + 1 tokens
 /// (2, 5 and 9, or `SPECDEC_BENCH_ROWS=3,4`).
 fn kinds() -> Vec<usize> {
-    let verify = std::env::var("SPECDEC_BENCH_ROWS")
-        .ok()
-        .map(|s| {
-            s.split(',')
-                .filter_map(|x| x.trim().parse().ok())
-                .filter(|&n| n > 1)
-                .collect()
-        })
-        .unwrap_or_else(|| vec![2, 5, 9]);
+    let verify = match std::env::var("SPECDEC_BENCH_ROWS") {
+        Ok(list) => list
+            .split(',')
+            .map(|x| match x.trim().parse::<usize>() {
+                Ok(n) if n > 1 => n,
+                _ => {
+                    eprintln!("error: SPECDEC_BENCH_ROWS={list}: {x:?} is not a row count above 1");
+                    std::process::exit(2)
+                }
+            })
+            .collect(),
+        Err(_) => vec![2, 5, 9],
+    };
     std::iter::once(1).chain(verify).collect()
 }
 
@@ -292,6 +296,8 @@ criterion_group! {
 // The benches run on rayon's pool, as `exp` does (see `specdec::nn::on_cpu_pool`): forwards
 // called from outside it would pay a thread handoff each.
 fn main() {
+    // Rejects a bad SPECDEC_BENCH_ROWS before any model loads.
+    kinds();
     specdec::nn::on_cpu_pool(|| {
         for dir in model_dirs() {
             if let Some(model) = load(&dir) {

@@ -82,15 +82,26 @@ fn time_products(x: &Tensor, ws: &[Tensor]) -> f64 {
 fn shapes() -> Vec<(usize, usize)> {
     let parse = |s: &str| {
         let (o, i) = s.trim().split_once('x')?;
-        Some((o.parse().ok()?, i.parse().ok()?))
+        Some((o.parse().ok()?, i.parse().ok()?)).filter(|&(o, i): &(usize, usize)| o > 0 && i > 0)
     };
     match std::env::var("SPECDEC_BENCH_SHAPES") {
-        Ok(list) => list.split(',').filter_map(parse).collect(),
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                parse(s).unwrap_or_else(|| {
+                    eprintln!(
+                        "error: SPECDEC_BENCH_SHAPES={list}: {s:?} is not OUTxIN (e.g. 960x576)"
+                    );
+                    std::process::exit(2)
+                })
+            })
+            .collect(),
         Err(_) => vec![(320, 256), (256, 256), (1536, 256), (256, 768), (1024, 256)],
     }
 }
 
 fn main() {
+    let shapes = shapes();
     pin_cpu_thread_count();
     let threads = rayon::current_num_threads();
     let (one, all) = (peak(1), peak(threads));
@@ -114,9 +125,9 @@ fn main() {
         "| weight [out, in] | weights | t | µs, {threads} threads | GMAC/s | of the peak | µs, one thread | GMAC/s | of one's peak |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (out, inp) in shapes() {
-        // "memory": enough copies for 256 MB, far past any last-level cache.
-        let from_memory = (256 << 20) / (4 * out * inp);
+    for (out, inp) in shapes {
+        // "memory": enough copies for 256 MB (at least two), far past any last-level cache.
+        let from_memory = ((256 << 20) / (4 * out * inp)).max(2);
         for (label, copies) in [("hot", 1usize), ("streamed", 16), ("memory", from_memory)] {
             let ws: Vec<Tensor> = (0..copies)
                 .map(|_| Tensor::randn(0f32, 1.0, (out, inp), &dev).expect("weight"))
