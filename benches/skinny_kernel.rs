@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use specdec::nn::{on_cpu_pool, pin_cpu_thread_count, skinny_matmul};
+use specdec::nn::{on_cpu_pool, pin_cpu_thread_count, skinny_matmul, SkinnyWeight};
 use specdec::stats::median;
 
 const ROUNDS: usize = 15;
@@ -61,7 +61,7 @@ fn peak(_threads: usize) -> Option<f64> {
 }
 
 /// Median seconds per product of `x` with the `ws` in turn, on the current pool.
-fn time_products(x: &Tensor, ws: &[Tensor]) -> f64 {
+fn time_products(x: &Tensor, ws: &[SkinnyWeight]) -> f64 {
     let per = 32 * ws.len();
     let times: Vec<f64> = (0..ROUNDS)
         .map(|_| {
@@ -129,8 +129,13 @@ fn main() {
         // "memory": enough copies for 256 MB (at least two), far past any last-level cache.
         let from_memory = ((256 << 20) / (4 * out * inp)).max(2);
         for (label, copies) in [("hot", 1usize), ("streamed", 16), ("memory", from_memory)] {
-            let ws: Vec<Tensor> = (0..copies)
-                .map(|_| Tensor::randn(0f32, 1.0, (out, inp), &dev).expect("weight"))
+            let ws: Vec<SkinnyWeight> = (0..copies)
+                .map(|_| {
+                    let w = Tensor::randn(0f32, 1.0, (out, inp), &dev).expect("weight");
+                    SkinnyWeight::new(&w)
+                        .expect("weight")
+                        .expect("an f32 weight on the CPU")
+                })
                 .collect();
             for t in [1usize, 2, 3, 4, 5, 9] {
                 let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).expect("x");

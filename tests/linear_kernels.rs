@@ -29,7 +29,7 @@ fn check(dtype: DType, out: usize, inp: usize, tol: f32) {
         .unwrap()
         .to_dtype(dtype)
         .unwrap();
-    let lin = Linear::new(w.clone(), None);
+    let lin = Linear::new(w.clone(), None).unwrap();
     let (wh, xh) = (host(&w), host(&x));
     let singles: Vec<Vec<f32>> = (0..16)
         .map(|r| host(&lin.forward(&x.narrow(0, r, 1).unwrap()).unwrap()))
@@ -111,7 +111,12 @@ fn gated_mlp_with(
     let gate_up = tensor(2 * inter * hidden, seed, (2 * inter, hidden));
     let down = tensor(hidden * inter, seed + 1, (hidden, inter));
     let (guh, dh) = (host(&gate_up), host(&down));
-    let mlp = GatedMlp::new(Linear::new(gate_up, None), Linear::new(down, None), act).unwrap();
+    let mlp = GatedMlp::new(
+        Linear::new(gate_up, None).unwrap(),
+        Linear::new(down, None).unwrap(),
+        act,
+    )
+    .unwrap();
     (mlp, guh, dh)
 }
 
@@ -238,7 +243,7 @@ fn folded_products_match_the_formulas_and_each_row_alone() {
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
-            let lin = Linear::new(w.clone(), None);
+            let lin = Linear::new(w.clone(), None).unwrap();
             let (x, norm) = stream_and_norm(&dev, dtype, inp);
             let resid = Tensor::from_vec(values(16 * out, 24, 4.0), (16, out), &dev)
                 .unwrap()
@@ -328,8 +333,8 @@ fn a_folded_product_adds_its_bias_as_a_separate_add_would() {
                 .to_dtype(dtype)
                 .unwrap();
             let (x, norm) = stream_and_norm(&dev, dtype, inp);
-            let biased = Linear::new(w.clone(), Some(b.clone()));
-            let plain = Linear::new(w, None);
+            let biased = Linear::new(w.clone(), Some(b.clone())).unwrap();
+            let plain = Linear::new(w, None).unwrap();
             for rows in [1, 2, 5, 16] {
                 let xs = x.narrow(0, 0, rows).unwrap();
                 let got = host(&biased.forward_prenorm(&xs, &norm).unwrap());

@@ -132,11 +132,11 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
     };
     let rope = Arc::new(Rope::new(spec.rope_full, h.head_dim, dtype, &device)?);
     let attn = Attention::new(AttentionParts {
-        qkv: Linear::new(qkv, None),
+        qkv: Linear::new(qkv, None)?,
         o: Linear::new(
             t.get(&proj("o"), &[hidden, h.num_heads * h.head_dim], 1.0)?,
             None,
-        ),
+        )?,
         qk_norm,
         rope,
         shape: h,
@@ -152,8 +152,8 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
         return Err(layer_cfg.error("hidden_act", "only silu heads are supported"));
     }
     let mlp = GatedMlp::new(
-        Linear::new(gate_up, None),
-        Linear::new(mlp("down", &[hidden, inter])?, None),
+        Linear::new(gate_up, None)?,
+        Linear::new(mlp("down", &[hidden, inter])?, None)?,
         Activation::Silu,
     )?;
     let embed = match t.get_optional("embed_tokens.weight", &[vocab, hidden])? {
@@ -185,14 +185,14 @@ pub fn load_eagle3(dir: &Path, target_layers: usize, target_embed: &Tensor) -> R
         fc: Linear::new(
             t.get("fc.weight", &[hidden, layers.len() * target_hidden], 1.0)?,
             None,
-        ),
+        )?,
         input_norm: norm(&name("input_layernorm.weight"), hidden)?,
         hidden_norm: norm(&name("hidden_norm.weight"), hidden)?,
         attn,
         post_attention_norm: norm(&name("post_attention_layernorm.weight"), hidden)?,
         mlp,
         norm: norm("norm.weight", hidden)?,
-        lm_head: Linear::new(t.get("lm_head.weight", &[draft_vocab, hidden], 1.0)?, None),
+        lm_head: Linear::new(t.get("lm_head.weight", &[draft_vocab, hidden], 1.0)?, None)?,
         draft_to_target,
         norm_before_residual: cfg.bool("norm_before_residual")?.unwrap_or(false),
         norm_output: cfg.bool("norm_output")?.unwrap_or(false),

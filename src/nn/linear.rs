@@ -12,6 +12,8 @@ use crate::error::Result;
 pub struct Linear {
     /// `[out, in]` (for a quantized layer, an empty placeholder never multiplied).
     weight: Tensor,
+    /// `weight` as the CPU's few-row kernel reads it (f32 on the CPU only).
+    skinny: Option<super::skinny::SkinnyWeight>,
     /// `[out]`.
     bias: Option<Tensor>,
     /// Quantized row blocks `(matrix [rows, in], output scale)` stacked by rows, multiplied
@@ -33,12 +35,13 @@ pub struct QuantizedPart {
 
 impl Linear {
     /// A layer from a `[out, in]` weight and an optional `[out]` bias.
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self {
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        Ok(Self {
+            skinny: super::skinny::SkinnyWeight::new(&weight)?,
             weight,
             bias,
             quantized: None,
-        }
+        })
     }
 
     /// A quantized layer: row blocks `parts` stacked (their outputs concatenated), then the
@@ -52,6 +55,7 @@ impl Linear {
     ) -> Result<Self> {
         Ok(Self {
             weight: Tensor::zeros(0, DType::F32, device)?,
+            skinny: None,
             bias,
             quantized: Some(parts.into()),
         })
@@ -118,8 +122,8 @@ impl Linear {
         if let Some(parts) = &self.quantized {
             return self.add_bias(Self::forward_quantized(parts, x)?);
         }
-        let y = if super::skinny::applies(x, &self.weight) {
-            super::skinny::skinny_matmul(x, &self.weight)?
+        let y = if let Some(w) = self.skinny.as_ref().filter(|w| w.applies(x)) {
+            super::skinny::skinny_matmul(x, w)?
         } else if let Some(y) = super::fused::gemv(x, &self.weight)? {
             y
         } else {

@@ -64,7 +64,7 @@ impl Loader<'_> {
         }
         let cut = self.shard.cut(1, inp);
         let weight = self.weights.get_part(&name, &[out, inp], scale, cut)?;
-        Ok(Linear::new(weight, bias))
+        Linear::new(weight, bias)
     }
 
     /// Projections `(base, out, scale, rows)` over the same `inp` fused into one layer: their
@@ -113,7 +113,7 @@ impl Loader<'_> {
             .zip(&shapes)
             .map(|((name, _, scale, rows), shape)| (name.as_str(), &shape[..], *scale, *rows))
             .collect();
-        Ok(Linear::new(self.weights.get_stacked(&parts)?, bias))
+        Linear::new(self.weights.get_stacked(&parts)?, bias)
     }
 
     fn attention(&self, i: usize, rope: Arc<Rope>) -> Result<Attention> {
@@ -244,9 +244,9 @@ impl Decoder {
         let norm = loader.norm(&format!("{}norm.weight", spec.prefix), hidden, 1.0)?;
         // A rank that never runs the head: the embedding stands in, loading nothing.
         let lm_head = if spec.tie_embeddings || !head {
-            Linear::new(embed.clone(), None)
+            Linear::new(embed.clone(), None)?
         } else {
-            Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)
+            Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)?
         };
         let param_count = embed.elem_count()
             + blocks.iter().map(Block::param_count).sum::<usize>()

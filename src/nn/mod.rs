@@ -43,7 +43,7 @@ pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use parallel::{all_reduce_group, process_group};
 pub use rope::{Rope, RopeScaling, RopeSpec};
-pub use skinny::skinny_matmul;
+pub use skinny::{skinny_matmul, SkinnyWeight};
 pub use spec::{DecoderSpec, LayerKind, NormLayout};
 pub use threads::{on_cpu_pool, pin_cpu_thread_count};
 pub use tokens::{DeviceTokens, StepIds};

@@ -2,22 +2,28 @@
 //!
 //! Decode and verification forwards multiply 1–16 token rows by every weight matrix. At that
 //! size the product is bound by reading the weights from memory, so the best kernel streams
-//! each row of `W: [out, in]` (row-major, as PyTorch stores it) once and takes its dot
-//! product with every token row while it is in L1. candle's general gemm instead repacks `W`
-//! when `x` has more than one row, which made a 2–5 row product several times a one-row one
-//! (docs/kernel-notes.md, "CPU skinny products"). Reading `W` once is what lets verifying γ
-//! drafts cost not much more than one decode step.
+//! each row of `W: [out, in]` once and takes its dot product with every token row while it is
+//! in L1. candle's general gemm instead repacks `W` when `x` has more than one row, which made
+//! a 2–5 row product several times a one-row one (docs/kernel-notes.md, "CPU skinny
+//! products"). Reading `W` once is what lets verifying γ drafts cost not much more than one
+//! decode step.
 //!
-//! Kernels, picked at run time: AVX-512 ([`avx512`]: blocks of 8 weight rows × up to 3 token
-//! rows, each loaded vector used several times, a row's result independent of the row
-//! count), AVX2/FMA ([`x86`]: one weight row at a time, about one load per multiply-add) and
-//! portable code.
+//! Kernels, picked at run time: AVX-512 ([`avx512`]: the weight kept a second time in a
+//! blocked layout, [`ROWS`] rows per contiguous block, read as one stream with software
+//! prefetch; a row's result independent of the row count), AVX2/FMA ([`avx2`]: one weight row
+//! at a time, about one load per multiply-add) and portable code, both over `W` as stored.
 //!
 //! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
 //! through candle's matmul.
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
+use crate::error::Result;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -38,88 +44,217 @@ pub const MIN_ROWS: usize = 1;
 /// (docs/kernel-notes.md).
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
-/// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`]) times `w: [out, in]` transposed: `[t, out]`. Both f32
-/// and contiguous on the CPU; the caller checks.
-pub fn skinny_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
-    x.apply_op2_no_bwd(w, &SkinnyMatmul)
+/// Weight rows per block of the blocked layout; threads split `W` in whole blocks.
+const ROWS: usize = 4;
+
+/// One 64-byte cache line of the blocked layout (16 f32 or 32 f16 weights), aligned to a
+/// line so that no vector load straddles two.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A weight `W: [out, in]` (f32, on the CPU) as [`skinny_matmul`] reads it, made once when a
+/// layer is built.
+#[derive(Debug, Clone)]
+pub struct SkinnyWeight {
+    out: usize,
+    inp: usize,
+    stored: Stored,
+    kernel: Kernel,
 }
 
-/// True when [`skinny_matmul`] applies to `x` and `w`.
-pub fn applies(x: &Tensor, w: &Tensor) -> bool {
-    x.device().is_cpu()
-        && x.dtype() == candle_core::DType::F32
-        && w.dtype() == candle_core::DType::F32
-        && x.rank() == 2
-        && (MIN_ROWS..=MAX_ROWS).contains(&x.dims()[0])
-        && x.is_contiguous()
-        && w.is_contiguous()
+#[derive(Debug, Clone)]
+enum Stored {
+    /// `W` as given (row-major): the AVX2 and portable kernels read it in place.
+    Plain(Tensor),
+    /// `W` again in [`ROWS`]-row blocks: block `b` (rows `ROWS·b ..`), feature step `s`
+    /// (features `16s .. 16s + 16`), row `r` holds its 16 weights at element
+    /// `((b · steps + s) · ROWS + r) · 16`, where `steps = ⌈in / 16⌉`; features past `in` and
+    /// rows past `out` are zeros. A block is contiguous, so a product reads `W` as one stream
+    /// in the order it sums. `half`: elements are f16, used when every weight is exactly an
+    /// f16 (a checkpoint stored in f16 and widened at load): half the bytes to read, and the
+    /// kernel widens each one back to the same f32, so products are bitwise unchanged.
+    Blocked { lines: Arc<[Line]>, half: bool },
 }
 
-struct SkinnyMatmul;
+impl SkinnyWeight {
+    /// `w: [out, in]` for the fastest kernel this CPU runs; `None` unless `w` is a 2-D f32
+    /// tensor on the CPU.
+    pub fn new(w: &Tensor) -> Result<Option<Self>> {
+        Self::with_kernel(best_kernel(), w, true)
+    }
 
-impl CustomOp2 for SkinnyMatmul {
+    /// As [`Self::new`] with `kernel`; `half`: f16 storage allowed where lossless.
+    fn with_kernel(kernel: Kernel, w: &Tensor, half: bool) -> Result<Option<Self>> {
+        if !w.device().is_cpu() || w.dtype() != candle_core::DType::F32 || w.rank() != 2 {
+            return Ok(None);
+        }
+        let (out, inp) = w.dims2()?;
+        let w = w.contiguous()?;
+        let stored = match kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                let values = w.flatten_all()?.to_vec1::<f32>()?;
+                let half = half && values.iter().all(|&v| is_f16(v));
+                Stored::Blocked {
+                    lines: blocked(&values, out, inp, half),
+                    half,
+                }
+            }
+            _ => Stored::Plain(w),
+        };
+        Ok(Some(Self {
+            out,
+            inp,
+            stored,
+            kernel,
+        }))
+    }
+
+    /// True when [`skinny_matmul`] takes `x` against this weight: `[t, in]` with
+    /// `MIN_ROWS ≤ t ≤ MAX_ROWS`, f32, contiguous, on the CPU.
+    pub fn applies(&self, x: &Tensor) -> bool {
+        x.device().is_cpu()
+            && x.dtype() == candle_core::DType::F32
+            && x.rank() == 2
+            && (MIN_ROWS..=MAX_ROWS).contains(&x.dims()[0])
+            && x.dims()[1] == self.inp
+            && x.is_contiguous()
+    }
+}
+
+impl SkinnyWeight {
+    /// `f` of all of the weight's rows in its layout (a plain weight read in place, under its
+    /// storage's read lock).
+    fn with_weights<R>(&self, f: impl FnOnce(Weights) -> R) -> candle_core::Result<R> {
+        match &self.stored {
+            Stored::Blocked { lines, half } => Ok(f(Weights::Blocked { lines, half: *half })),
+            Stored::Plain(tensor) => {
+                let (storage, layout) = tensor.storage_and_layout();
+                match (&*storage, layout.contiguous_offsets()) {
+                    (Storage::Cpu(CpuStorage::F32(all)), Some((w0, w1))) => {
+                        Ok(f(Weights::Plain(&all[w0..w1])))
+                    }
+                    _ => candle_core::bail!("skinny-matmul: w must be contiguous f32 on the CPU"),
+                }
+            }
+        }
+    }
+}
+
+/// `y = x wᵀ` for `x: [t, inp]` and the `out` rows of `w` (in `kernel`'s layout) into
+/// `y: [t, out]`, split across rayon's threads in whole blocks of rows when it is large
+/// enough.
+fn product(kernel: Kernel, x: &[f32], w: Weights, t: usize, inp: usize, y: &mut [f32], out: usize) {
+    let threads = rayon::current_num_threads();
+    if out * inp < PARALLEL_MIN_WEIGHTS || threads == 1 {
+        return rows(kernel, x, w, t, inp, y, out, out);
+    }
+    // Whole blocks of weight rows per thread, each into its own `[t, rows]` part, copied
+    // into `y`'s columns after.
+    let rows_per = out.div_ceil(threads).next_multiple_of(ROWS);
+    let parts: Vec<Vec<f32>> = (0..out.div_ceil(rows_per))
+        .into_par_iter()
+        .map(|c| {
+            let (j0, n) = (c * rows_per, rows_per.min(out - c * rows_per));
+            let mut part = vec![0f32; t * n];
+            rows(kernel, x, w.rows(j0, n, inp), t, inp, &mut part, n, n);
+            part
+        })
+        .collect();
+    for (c, part) in parts.iter().enumerate() {
+        let (j0, n) = (c * rows_per, part.len() / t);
+        for (y, part) in y.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
+            y[j0..j0 + n].copy_from_slice(part);
+        }
+    }
+}
+
+/// True when `v` is exactly an f16 value (NaN is not: its payload may not survive).
+fn is_f16(v: f32) -> bool {
+    half::f16::from_f32(v).to_f32().to_bits() == v.to_bits()
+}
+
+/// Bytes of one weight in the blocked layout.
+fn elem_bytes(half: bool) -> usize {
+    if half {
+        2
+    } else {
+        4
+    }
+}
+
+/// Lines of one block of [`ROWS`] rows of `inp` features.
+fn block_lines(inp: usize, half: bool) -> usize {
+    inp.div_ceil(16) * ROWS * 16 * elem_bytes(half) / 64
+}
+
+/// `w: [out, in]` (row-major) in the blocked layout of [`Stored::Blocked`] (f16 elements
+/// when `half`: the caller checked they are exact).
+fn blocked(w: &[f32], out: usize, inp: usize, half: bool) -> Arc<[Line]> {
+    let steps = inp.div_ceil(16);
+    let bytes = elem_bytes(half);
+    let mut lines = vec![Line([0; 64]); out.div_ceil(ROWS) * block_lines(inp, half)];
+    for (j, row) in w.chunks_exact(inp).enumerate() {
+        let (b, r) = (j / ROWS, j % ROWS);
+        for (k, &v) in row.iter().enumerate() {
+            let at = (((b * steps + k / 16) * ROWS + r) * 16 + k % 16) * bytes;
+            let line = &mut lines[at / 64].0[at % 64..at % 64 + bytes];
+            if half {
+                line.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+            } else {
+                line.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    lines.into()
+}
+
+/// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`], f32, contiguous, on the CPU: [`SkinnyWeight::applies`])
+/// times `w` transposed: `[t, out]`.
+pub fn skinny_matmul(x: &Tensor, w: &SkinnyWeight) -> candle_core::Result<Tensor> {
+    x.apply_op1_no_bwd(&SkinnyMatmul(w))
+}
+
+struct SkinnyMatmul<'a>(&'a SkinnyWeight);
+
+impl CustomOp1 for SkinnyMatmul<'_> {
     fn name(&self) -> &'static str {
         "skinny-matmul"
     }
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (xs, ws) else {
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let w = self.0;
+        let CpuStorage::F32(x) = xs else {
             candle_core::bail!("skinny-matmul: f32 operands only");
         };
-        let ((t, inp), (out, w_in)) = (xl.shape().dims2()?, wl.shape().dims2()?);
-        if inp != w_in || t > MAX_ROWS {
-            candle_core::bail!("skinny-matmul: x {:?} and w {:?}", xl.dims(), wl.dims());
+        let (t, inp) = xl.shape().dims2()?;
+        if inp != w.inp || !(MIN_ROWS..=MAX_ROWS).contains(&t) {
+            candle_core::bail!(
+                "skinny-matmul: x {:?} and w [{}, {}]",
+                xl.dims(),
+                w.out,
+                w.inp
+            );
         }
-        let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
-        else {
+        let Some((x0, x1)) = xl.contiguous_offsets() else {
             candle_core::bail!("skinny-matmul: contiguous operands only");
         };
-        let (x, w) = (&x[x0..x1], &w[w0..w1]);
-        let mut y = vec![0f32; t * out];
-        let threads = rayon::current_num_threads();
-        if out * inp >= PARALLEL_MIN_WEIGHTS && threads > 1 {
-            // Whole blocks of the kernels' weight rows per thread, each into its own
-            // `[t, rows]` part, copied into `y`'s columns after.
-            let rows_per = out.div_ceil(threads).next_multiple_of(ROW_BLOCK);
-            let parts: Vec<Vec<f32>> = w
-                .par_chunks(rows_per * inp)
-                .map(|w| {
-                    let n = w.len() / inp;
-                    let mut part = vec![0f32; t * n];
-                    rows(x, w, t, inp, &mut part, n);
-                    part
-                })
-                .collect();
-            for (c, part) in parts.iter().enumerate() {
-                let (j0, n) = (c * rows_per, part.len() / t);
-                for (y, part) in y.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
-                    y[j0..j0 + n].copy_from_slice(part);
-                }
-            }
-        } else {
-            rows(x, w, t, inp, &mut y, out);
-        }
-        Ok((CpuStorage::F32(y), Shape::from((t, out))))
+        let x = &x[x0..x1];
+        let mut y = vec![0f32; t * w.out];
+        w.with_weights(|weights| product(w.kernel, x, weights, t, w.inp, &mut y, w.out))?;
+        Ok((CpuStorage::F32(y), Shape::from((t, w.out))))
     }
 }
-
-/// Weight rows the fastest kernel takes per block; threads split `w` in multiples of it.
-const ROW_BLOCK: usize = 8;
 
 /// The implementations of [`rows`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kernel {
-    /// Register-blocked AVX-512 ([`avx512`]): a row's result does not depend on the rows
-    /// beside it.
+    /// Register-blocked AVX-512 over the blocked layout ([`avx512`]): a row's result does
+    /// not depend on the rows beside it.
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// One weight row at a time against up to 8 token rows, AVX2/FMA ([`x86`]).
+    /// One weight row at a time against up to 8 token rows, AVX2/FMA ([`avx2`]).
     #[cfg(target_arch = "x86_64")]
     Avx2,
     /// Plain Rust ([`dot`]).
@@ -148,34 +283,71 @@ fn best_kernel() -> Kernel {
     *BEST.get_or_init(|| supported()[0])
 }
 
-/// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i` of `x: [t, inp]` and every
-/// row `j` of `w: [rows, inp]`; `y: [t, stride]`, `rows ≤ stride`; with [`best_kernel`].
-fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], stride: usize) {
-    rows_with(best_kernel(), x, w, t, inp, y, stride);
+/// Some of a weight's rows, in its stored layout.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// `[rows, in]`, row-major.
+    Plain(&'a [f32]),
+    /// Whole blocks of [`Stored::Blocked`], f16 when `half`.
+    Blocked { lines: &'a [Line], half: bool },
 }
 
-/// [`rows`] with `kernel`, which the CPU must support (one of [`supported`]).
-fn rows_with(
+impl<'a> Weights<'a> {
+    /// Rows `j0..j0 + n`; `j0` a multiple of [`ROWS`].
+    fn rows(self, j0: usize, n: usize, inp: usize) -> Weights<'a> {
+        match self {
+            Weights::Plain(w) => Weights::Plain(&w[j0 * inp..(j0 + n) * inp]),
+            Weights::Blocked { lines, half } => {
+                let per_block = block_lines(inp, half);
+                let (b0, b1) = (j0 / ROWS, (j0 + n).div_ceil(ROWS));
+                Weights::Blocked {
+                    lines: &lines[b0 * per_block..b1 * per_block],
+                    half,
+                }
+            }
+        }
+    }
+}
+
+/// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i` of `x: [t, inp]` and every
+/// one of the `n ≤ stride` rows of `w`; `y: [t, stride]`. `kernel` must be one of
+/// [`supported`] and `w` in its layout.
+#[allow(clippy::too_many_arguments)]
+fn rows(
     kernel: Kernel,
     x: &[f32],
-    w: &[f32],
+    w: Weights,
     t: usize,
     inp: usize,
     y: &mut [f32],
     stride: usize,
+    n: usize,
 ) {
-    match kernel {
+    match (kernel, w) {
         // SAFETY: the CPU has AVX-512F (the caller's contract, detected at run time);
         // `avx512::rows` checks the lengths.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 => unsafe { avx512::rows(x, w, t, inp, y, stride) },
+        (Kernel::Avx512, Weights::Blocked { lines, half }) => unsafe {
+            if half {
+                avx512::rows::<avx512::F16>(x, lines, inp, n, t, y, stride)
+            } else {
+                avx512::rows::<avx512::F32>(x, lines, inp, n, t, y, stride)
+            }
+        },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => by_row(w, inp, t, y, stride, |w_row, col| {
-            // SAFETY: the CPU has AVX2 and FMA (the caller's contract, detected at run
-            // time); `x` holds `t` rows of `w_row`'s length.
-            unsafe { x86::single(x, w_row, t, col) }
-        }),
-        Kernel::Portable => by_row(w, inp, t, y, stride, |w_row, col| portable(x, w_row, col)),
+        (Kernel::Avx2, Weights::Plain(w)) => {
+            by_row(&w[..n * inp], inp, t, y, stride, |w_row, col| {
+                // SAFETY: the CPU has AVX2 and FMA (the caller's contract, detected at run
+                // time); `x` holds `t` rows of `w_row`'s length.
+                unsafe { avx2::single(x, w_row, t, col) }
+            })
+        }
+        (Kernel::Portable, Weights::Plain(w)) => {
+            by_row(&w[..n * inp], inp, t, y, stride, |w_row, col| {
+                portable(x, w_row, col)
+            })
+        }
+        _ => unreachable!("a kernel gets the layout SkinnyWeight made for it"),
     }
 }
 
@@ -225,96 +397,50 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// Tokens handled per pass over a row of `w`: eight accumulators plus the `w` vector
-    /// and an `x` load fit the sixteen ymm registers.
-    const BLOCK: usize = 8;
-
-    /// `y[i] = dot(x[i], w_row)` for `i < t`, in blocks of up to [`BLOCK`] tokens.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn single(x: &[f32], w_row: &[f32], t: usize, y: &mut [f32]) {
-        let mut i0 = 0;
-        while i0 < t {
-            let n = (t - i0).min(BLOCK);
-            // A block size known at compile time keeps the accumulators in registers. Blocks
-            // of one or two tokens split each dot product over several accumulators: one
-            // chain of dependent FMAs would wait on the FMA latency every step (a one-token
-            // decode ran ~20% slower than candle's gemv that way).
-            match n {
-                1 => block::<1, 4>(x, w_row, i0, y),
-                2 => block::<2, 2>(x, w_row, i0, y),
-                3 => block::<3, 1>(x, w_row, i0, y),
-                4 => block::<4, 1>(x, w_row, i0, y),
-                5 => block::<5, 1>(x, w_row, i0, y),
-                6 => block::<6, 1>(x, w_row, i0, y),
-                7 => block::<7, 1>(x, w_row, i0, y),
-                _ => block::<BLOCK, 1>(x, w_row, i0, y),
-            }
-            i0 += n;
-        }
-    }
-
-    /// `y[i0 + b] = dot(x[i0 + b], w_row)` for `b < N`, each dot product over `U`
-    /// independent accumulators (`N · U` ≤ [`BLOCK`] keeps them in registers).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn block<const N: usize, const U: usize>(
-        x: &[f32],
-        w_row: &[f32],
-        i0: usize,
-        y: &mut [f32],
-    ) {
-        let inp = w_row.len();
-        let body = inp - inp % 8;
-        let wide = inp - inp % (8 * U);
-        let mut acc = [[_mm256_setzero_ps(); U]; N];
-        let (xp, wp) = (x.as_ptr().add(i0 * inp), w_row.as_ptr());
-        let mut k = 0;
-        while k < wide {
-            for u in 0..U {
-                let wv = _mm256_loadu_ps(wp.add(k + 8 * u));
-                for (b, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm256_loadu_ps(xp.add(b * inp + k + 8 * u));
-                    a[u] = _mm256_fmadd_ps(xv, wv, a[u]);
-                }
-            }
-            k += 8 * U;
-        }
-        while k < body {
-            let wv = _mm256_loadu_ps(wp.add(k));
-            for (b, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(b * inp + k)), wv, a[0]);
-            }
-            k += 8;
-        }
-        for (b, a) in acc.iter().enumerate() {
-            let row = &x[(i0 + b) * inp..(i0 + b + 1) * inp];
-            let tail: f32 = (body..inp).map(|k| row[k] * w_row[k]).sum();
-            let mut sum = a[0];
-            for part in &a[1..] {
-                sum = _mm256_add_ps(sum, *part);
-            }
-            y[i0 + b] = hsum(sum) + tail;
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Device;
     use proptest::prelude::*;
+
+    /// `rows` with `kernel` over `w: [out, in]` laid out for it (f32).
+    fn rows_with(
+        kernel: Kernel,
+        x: &[f32],
+        w: &[f32],
+        t: usize,
+        inp: usize,
+        y: &mut [f32],
+        stride: usize,
+    ) {
+        rows_stored(kernel, false, x, w, t, inp, y, stride);
+    }
+
+    /// As `rows_with`, with f16 storage where lossless when `half`.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_stored(
+        kernel: Kernel,
+        half: bool,
+        x: &[f32],
+        w: &[f32],
+        t: usize,
+        inp: usize,
+        y: &mut [f32],
+        stride: usize,
+    ) {
+        let out = w.len() / inp;
+        let wt = Tensor::from_slice(w, (out, inp), &Device::Cpu).unwrap();
+        let sw = SkinnyWeight::with_kernel(kernel, &wt, half)
+            .unwrap()
+            .unwrap();
+        sw.with_weights(|ws| rows(kernel, x, ws, t, inp, y, stride, out))
+            .unwrap();
+    }
+
+    /// True when `w` was stored in f16.
+    fn stored_half(w: &SkinnyWeight) -> bool {
+        matches!(w.stored, Stored::Blocked { half: true, .. })
+    }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         (0..n)
@@ -337,7 +463,8 @@ mod tests {
             let x = Tensor::from_vec(values(t * inp, seed), (t, inp), &dev).unwrap();
             let w = Tensor::from_vec(values(out * inp, seed + 7), (out, inp), &dev).unwrap();
             let want: Vec<Vec<f32>> = x.matmul(&w.t().unwrap()).unwrap().to_vec2().unwrap();
-            let got: Vec<Vec<f32>> = skinny_matmul(&x, &w).unwrap().to_vec2().unwrap();
+            let sw = SkinnyWeight::new(&w).unwrap().unwrap();
+            let got: Vec<Vec<f32>> = skinny_matmul(&x, &sw).unwrap().to_vec2().unwrap();
             for (g, e) in got.iter().flatten().zip(want.iter().flatten()) {
                 prop_assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{g} vs {e}");
             }
@@ -413,18 +540,97 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Weights that are all exact f16 values are stored in f16 (AVX-512), and every row
+        /// count's products are bitwise those of the same weights stored in f32; one weight
+        /// that is not an f16 keeps the whole matrix in f32.
+        #[test]
+        fn f16_storage_is_bitwise_the_f32_product(
+            inp in 1usize..80,
+            out in 1usize..40,
+            seed in 0u64..1000,
+            inexact in any::<bool>(),
+        ) {
+            #[cfg(target_arch = "x86_64")]
+            if supported().contains(&Kernel::Avx512) {
+                let x = values(MAX_ROWS * inp, seed);
+                let mut w: Vec<f32> = values(out * inp, seed + 7)
+                    .into_iter()
+                    .map(|v| half::f16::from_f32(v).to_f32())
+                    .collect();
+                if inexact {
+                    let at = seed as usize % w.len();
+                    w[at] = 0.1;
+                }
+                let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).unwrap();
+                let sw = SkinnyWeight::with_kernel(Kernel::Avx512, &wt, true).unwrap().unwrap();
+                prop_assert_eq!(stored_half(&sw), !inexact);
+                for t in 1..=MAX_ROWS {
+                    let mut halves = vec![0f32; t * out];
+                    rows_stored(Kernel::Avx512, true, &x[..t * inp], &w, t, inp, &mut halves, out);
+                    let mut floats = vec![0f32; t * out];
+                    rows_stored(Kernel::Avx512, false, &x[..t * inp], &w, t, inp, &mut floats, out);
+                    prop_assert!(
+                        halves.iter().zip(&floats).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "t {t}: {halves:?} vs {floats:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_large_product_splits_across_threads_with_the_same_result() {
         let dev = Device::Cpu;
-        // 1,531 weight rows: the threads' parts end inside a block of the AVX-512 kernel.
-        let (t, inp, out) = (5, 256, 1531);
+        // 1,531 weight rows: the threads' parts end inside a block of the kernels, and the
+        // last block holds padding rows. Every kernel, split across the pool, gives bitwise
+        // its one-thread result, and that result agrees with candle's matmul.
+        let (t, inp, out) = (5, 250, 1531);
         assert!(inp * out >= PARALLEL_MIN_WEIGHTS);
         let x = Tensor::randn(0f32, 1.0, (t, inp), &dev).unwrap();
         let w = Tensor::randn(0f32, 1.0, (out, inp), &dev).unwrap();
-        let want: Vec<Vec<f32>> = x.matmul(&w.t().unwrap()).unwrap().to_vec2().unwrap();
-        let got: Vec<Vec<f32>> = skinny_matmul(&x, &w).unwrap().to_vec2().unwrap();
-        for (g, e) in got.iter().flatten().zip(want.iter().flatten()) {
-            assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{g} vs {e}");
+        let want: Vec<f32> = x
+            .matmul(&w.t().unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (xs, ws) = (
+            x.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            w.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for kernel in supported() {
+            let mut one = vec![0f32; t * out];
+            rows_with(kernel, &xs, &ws, t, inp, &mut one, out);
+            let sw = SkinnyWeight::with_kernel(kernel, &w, true)
+                .unwrap()
+                .unwrap();
+            let split: Vec<f32> = pool
+                .install(|| skinny_matmul(&x, &sw))
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert!(
+                split
+                    .iter()
+                    .zip(&one)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kernel:?}: the split product differs from the one-thread one"
+            );
+            for (g, e) in split.iter().zip(&want) {
+                assert!(
+                    (g - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{kernel:?}: {g} vs {e}"
+                );
+            }
         }
     }
 }

@@ -1,114 +1,120 @@
-//! AVX-512 micro-kernel of [`super::rows`]: blocks of [`R`] weight rows × up to [`MAX_T`]
-//! token rows per pass over `in` (products of 4 or more token rows: [`R_WIDE`] × up to
-//! [`MAX_T_WIDE`]), so each loaded `x` vector serves several weight rows and each `w` vector
-//! several tokens (`R + T` loads per `R · T` multiply-adds, against about one load per
-//! multiply-add for one weight row at a time, which bound 5-token products).
+//! AVX-512 micro-kernel of [`super::rows`] over the blocked layout (`Stored::Blocked`): each
+//! block of [`ROWS`] weight rows is one contiguous run of 64-byte lines, and a pass over it
+//! takes up to [`MAX_T`] token rows, so each loaded `x` vector serves the block's weight rows
+//! and each `w` vector several tokens. Weights are f32 ([`F32`]) or f16 ([`F16`], widened to
+//! f32 as they are loaded).
 //!
-//! Weights stream from memory, and a block of several token rows spends longer on each
-//! cache line than a one-row block does. The hardware prefetcher alone then kept too few
-//! lines in flight (a 5-row product read the weights at about 60% of a one-row product's
-//! rate on the 2-core Xeon of docs/cpu.md), so such blocks prefetch the next block of weight
-//! rows, line for line, as they sum the current one (one-row blocks do not: there the
-//! software prefetches only cost issue slots).
+//! Why a layout of its own: with `W` row-major, a block of weight rows is several streams
+//! (one per row) that the hardware prefetchers follow poorly once a block spends longer on
+//! each line than a one-row product does; products of 2–5 token rows read the weights from
+//! memory at 70–85% of a one-row product's rate on the 2-core Zen 5 VM of
+//! docs/cpu-zen5-2026-12-05.md. The blocked matrix is one sequential stream, and each step
+//! prefetches the lines [`AHEAD`] floats further on, so a few-row product streams at the
+//! one-row rate.
 //!
 //! Summation order, the contract the tests check: every dot product `dot(x[i], w[j])` is
-//! summed in one 16-lane accumulator over `in` in steps of 16 (the last step masked, its
-//! missing lanes adding `0 · 0`), then its lanes by one fixed tree (lanes `l` and `l + 8`,
-//! then `l` and `l + 4`, `l + 2`, `l + 1`; [`hsum`] for one accumulator, [`hsum8`] for eight
-//! at once, add for add the same). Neither depends on the block shape, the number of token
-//! rows or the thread split, so a row of a verification gets bitwise the result of the same
-//! row in a one-token decode step.
+//! summed in one 16-lane accumulator over `in` in steps of 16 (the last step's missing lanes
+//! adding `0 · 0`: `x` loaded masked, `w` padded with zeros), then its lanes by one fixed tree
+//! (lanes `l` and `l + 8`, then `l` and `l + 4`, `l + 2`, `l + 1`; [`hsum8`], add for add
+//! the same for each accumulator). Neither depends on the token rows beside it or the thread
+//! split, so a row of a verification gets bitwise the result of the same row in a one-token
+//! decode step.
 use std::arch::x86_64::*;
 
-/// Weight rows per block: `R · T` accumulators, `T` `x` vectors and one `w` vector fit the
-/// 32 zmm registers for `T` ≤ [`MAX_T`], and [`hsum8`] reduces one token's `R` sums at once.
-const R: usize = 8;
+use super::{Line, ROWS};
 
-/// Most token rows per block.
-const MAX_T: usize = 3;
+/// Most token rows per pass over a block: `ROWS · T` accumulators, `T` `x` vectors and a `w`
+/// vector in the 32 zmm registers. Longer inputs pass over a block in several token blocks,
+/// the later ones reading it from L1.
+const MAX_T: usize = 4;
 
-/// Weight rows and most token rows per block when a product has more than [`MAX_T`] token
-/// rows: all of a 4- or 5-token verification in one pass, so that every pass over a block
-/// of `w` reads new weights from memory.
-const R_WIDE: usize = 4;
-const MAX_T_WIDE: usize = 5;
+/// How far ahead of its current step a pass prefetches, in bytes (with 1–16 KiB, 2–4-row
+/// products from memory took 1.0–1.1× a one-row product, against 1.2–1.3× without).
+const AHEAD: usize = 4096;
 
-/// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i < t` and every row `j` of
-/// `w`; `x: [t, inp]`, `w: [rows, inp]`, `y: [t, stride]` with `rows ≤ stride`.
+/// A weight element of the blocked layout.
+pub trait Elem {
+    /// Bytes per weight.
+    const BYTES: usize;
+    /// The 16 weights at `p` as f32.
+    ///
+    /// # Safety
+    /// AVX-512F; `p` points at 16 elements aligned to their size.
+    unsafe fn load(p: *const u8) -> __m512;
+}
+
+/// f32 weights.
+pub struct F32;
+
+/// f16 weights, widened exactly to f32.
+pub struct F16;
+
+impl Elem for F32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract (64-byte aligned lines).
+        unsafe { _mm512_load_ps(p.cast()) }
+    }
+}
+
+impl Elem for F16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m512 {
+        // SAFETY: the caller's contract (32-byte aligned halves of lines).
+        unsafe { _mm512_cvtph_ps(_mm256_load_si256(p.cast())) }
+    }
+}
+
+/// `y[i * stride + j] = dot(x[i], w[j])` for every token row `i < t` and weight row `j < rows`
+/// of the blocked `w` (whole blocks of [`ROWS`] rows of `E`; rows past `rows` are padding);
+/// `x: [t, inp]`, `y: [t, stride]` with `rows ≤ stride`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F. The lengths are checked by an assertion.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn rows(x: &[f32], w: &[f32], t: usize, inp: usize, y: &mut [f32], stride: usize) {
-    let out = w.len() / inp.max(1);
+pub unsafe fn rows<E: Elem>(
+    x: &[f32],
+    w: &[Line],
+    inp: usize,
+    rows: usize,
+    t: usize,
+    y: &mut [f32],
+    stride: usize,
+) {
+    let steps = inp.div_ceil(16);
+    let blocks = rows.div_ceil(ROWS);
     assert!(
         inp > 0
             && t > 0
             && x.len() == t * inp
-            && w.len() == out * inp
-            && out <= stride
-            && y.len() >= (t - 1) * stride + out
+            && w.len() * 64 == blocks * steps * ROWS * 16 * E::BYTES
+            && rows <= stride
+            && y.len() >= (t - 1) * stride + rows
     );
-    // SAFETY: AVX-512F is enabled here; the lengths were asserted.
-    unsafe {
-        if t <= MAX_T {
-            shaped::<R, MAX_T>(x, w, t, inp, y, stride)
-        } else {
-            shaped::<R_WIDE, MAX_T_WIDE>(x, w, t, inp, y, stride)
-        }
-    }
-}
-
-/// [`rows`] in blocks of `N` weight rows × up to `M` token rows.
-#[target_feature(enable = "avx512f")]
-unsafe fn shaped<const N: usize, const M: usize>(
-    x: &[f32],
-    w: &[f32],
-    t: usize,
-    inp: usize,
-    y: &mut [f32],
-    stride: usize,
-) {
-    let out = w.len() / inp;
-    let at = Block {
-        i0: 0,
-        j0: 0,
+    let at = Pass {
+        w: w.as_ptr().cast::<u8>(),
+        end: w.as_ptr_range().end.cast::<u8>(),
+        x: x.as_ptr(),
         inp,
-        stride,
+        steps,
     };
-    // Weight blocks outside, token blocks inside: a block's `N` rows of `w` stay in L1 while
-    // every token block passes over them.
-    let whole = out - out % N;
-    for j0 in (0..out).step_by(N) {
+    // Token blocks as even as possible (5 rows: 3 + 2), each a pass over the weight block;
+    // the first pass reads the block from memory, the others from L1.
+    let passes = t.div_ceil(MAX_T);
+    for b in 0..blocks {
         let mut i0 = 0;
-        // Token blocks as even as possible (9 rows: 4 + 5).
-        let blocks = t.div_ceil(M);
-        for b in 0..blocks {
-            let n = (t - i0) / (blocks - b);
-            let at = Block { i0, j0, ..at };
-            // SAFETY (both arms): AVX-512F is enabled here; rows `j0..j0 + N` (or the
-            // single rows of a partial block) and tokens `i0..i0 + n` are in bounds
-            // (asserted by `rows`).
+        for p in 0..passes {
+            let n = (t - i0) / (passes - p);
+            // SAFETY (every arm): AVX-512F is enabled here; block `b` and token rows
+            // `i0..i0 + n` are in bounds (asserted above).
             unsafe {
-                if j0 < whole {
-                    match n {
-                        1 => block::<N, 1>(x, w, y, at),
-                        2 => block::<N, 2>(x, w, y, at),
-                        3 => block::<N, 3>(x, w, y, at),
-                        4 => block::<N, 4>(x, w, y, at),
-                        _ => block::<N, 5>(x, w, y, at),
-                    }
-                } else {
-                    for j0 in j0..out {
-                        let at = Block { j0, ..at };
-                        match n {
-                            1 => single::<1>(x, w, y, at),
-                            2 => single::<2>(x, w, y, at),
-                            3 => single::<3>(x, w, y, at),
-                            4 => single::<4>(x, w, y, at),
-                            _ => single::<5>(x, w, y, at),
-                        }
-                    }
+                match n {
+                    1 => block::<E, 1>(at, b, i0, y, rows, stride),
+                    2 => block::<E, 2>(at, b, i0, y, rows, stride),
+                    3 => block::<E, 3>(at, b, i0, y, rows, stride),
+                    _ => block::<E, 4>(at, b, i0, y, rows, stride),
                 }
             }
             i0 += n;
@@ -116,33 +122,80 @@ unsafe fn shaped<const N: usize, const M: usize>(
     }
 }
 
-/// Where a block sits: token rows from `i0`, weight rows from `j0`, of a product over `inp`
-/// features into `y` rows `stride` apart.
+/// The operands of a product: the blocked weights (bytes `w` to `end`), the token rows `x`,
+/// their width and the 16-feature steps per weight row.
 #[derive(Clone, Copy)]
-struct Block {
-    i0: usize,
-    j0: usize,
+struct Pass {
+    w: *const u8,
+    end: *const u8,
+    x: *const f32,
     inp: usize,
-    stride: usize,
+    steps: usize,
 }
 
-/// The 16-feature step of the `T` dot products of `x` rows `xp + b·inp` (`b < T`) with the
-/// `N` `w` rows `wp + r·inp`, starting at feature `k`; `mask` selects the features present.
+/// The accumulators of block `b`'s [`ROWS`] weight rows × token rows `i0..i0 + T`.
+///
+/// # Safety
+/// AVX-512F (inlined into [`block`], which enables it); block `b` and the token rows are in
+/// bounds.
 #[inline(always)]
-unsafe fn step<const N: usize, const T: usize>(
-    acc: &mut [[__m512; T]; N],
+unsafe fn pass<E: Elem, const T: usize>(at: Pass, b: usize, i0: usize) -> [[__m512; T]; ROWS] {
+    let Pass {
+        w,
+        end,
+        x,
+        inp,
+        steps,
+    } = at;
+    let mut acc = [[_mm512_setzero_ps(); T]; ROWS];
+    // The prefetch target, clamped to the matrix's last step (branch-free: a branch per
+    // line split the loop and the accumulators spilled).
+    let per_step = ROWS * 16 * E::BYTES;
+    let last = end as usize - per_step;
+    // SAFETY: the block's lines and the token rows are in bounds (the caller's contract);
+    // prefetched addresses are inside the matrix (clamped above).
+    unsafe {
+        let mut wp = w.add(b * steps * per_step);
+        let xp = x.add(i0 * inp);
+        let full = inp / 16;
+        for s in 0..full {
+            let ahead = (wp as usize + AHEAD).min(last) as *const i8;
+            for line in 0..per_step / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.add(line * 64));
+            }
+            step::<E, T>(&mut acc, xp, wp, inp, s * 16, !0);
+            wp = wp.add(per_step);
+        }
+        if full < steps {
+            // The last `inp - 16 · full` features; `x`'s missing ones load 0 and meet zero
+            // padding in `w`.
+            let k = full * 16;
+            step::<E, T>(&mut acc, xp, wp, inp, k, (1u16 << (inp - k)) - 1);
+        }
+    }
+    acc
+}
+
+/// One 16-feature step: the `T` token rows of `x` at `xp` (rows `inp` apart) from feature
+/// `k` (lanes in `mask`), against the [`ROWS`] lines at `wp`.
+///
+/// # Safety
+/// AVX-512F; the lines and the masked lanes are in bounds.
+#[inline(always)]
+unsafe fn step<E: Elem, const T: usize>(
+    acc: &mut [[__m512; T]; ROWS],
     xp: *const f32,
-    wp: *const f32,
+    wp: *const u8,
     inp: usize,
     k: usize,
     mask: __mmask16,
 ) {
-    // SAFETY: the caller passes pointers valid for the masked lanes of these rows.
+    // SAFETY: the caller's contract.
     unsafe {
         let xv: [__m512; T] =
-            std::array::from_fn(|b| _mm512_maskz_loadu_ps(mask, xp.add(b * inp + k)));
+            std::array::from_fn(|i| _mm512_maskz_loadu_ps(mask, xp.add(i * inp + k)));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let wv = _mm512_maskz_loadu_ps(mask, wp.add(r * inp + k));
+            let wv = E::load(wp.add(r * 16 * E::BYTES));
             for (a, xv) in acc.iter_mut().zip(&xv) {
                 *a = _mm512_fmadd_ps(*xv, wv, *a);
             }
@@ -150,96 +203,48 @@ unsafe fn step<const N: usize, const T: usize>(
     }
 }
 
-/// The accumulators of `N` weight rows × `T` token rows at `at` (the module's order).
-#[inline(always)]
-unsafe fn accumulate<const N: usize, const T: usize>(
-    x: &[f32],
-    w: &[f32],
-    at: Block,
-) -> [[__m512; T]; N] {
-    let Block { i0, j0, inp, .. } = at;
-    debug_assert!((i0 + T) * inp <= x.len() && (j0 + N) * inp <= w.len());
-    // SAFETY: rows `i0..i0 + T` of `x` and `j0..j0 + N` of `w` are in bounds (the
-    // caller's contract), and every load below stays inside its row.
-    unsafe {
-        let (xp, wp) = (x.as_ptr().add(i0 * inp), w.as_ptr().add(j0 * inp));
-        let mut acc = [[_mm512_setzero_ps(); T]; N];
-        let body = inp - inp % 16;
-        let mut k = 0;
-        // The next block of weight rows, fetched into the cache while this one is summed.
-        // Blocks of several token rows fetch the next block of weight rows into L1 while
-        // they sum this one (module doc); one-row blocks leave it to the hardware.
-        let ahead = T > 1 && (j0 + 2 * N) * inp <= w.len();
-        let next = wp.add(N * inp);
-        while k < body {
-            if ahead {
-                for r in 0..N {
-                    _mm_prefetch::<_MM_HINT_T0>(next.add(r * inp + k) as *const i8);
-                }
-            }
-            step(&mut acc, xp, wp, inp, k, !0);
-            k += 16;
-        }
-        if k < inp {
-            // The last `inp - k` < 16 features; masked-off lanes load 0 and add 0 · 0.
-            step(&mut acc, xp, wp, inp, k, (1u16 << (inp - k)) - 1);
-        }
-        acc
-    }
-}
-
-/// `y[(i0 + b) * stride + j0 + r] = dot(x[i0 + b], w[j0 + r])` for `r < N`, `b < T`
-/// (`N` is 4 or 8).
-#[inline]
+/// One pass over block `b` for token rows `i0..i0 + T`, its sums written into `y` (the
+/// block's rows below `rows`; padding rows are dropped). A function of its own (not inlined):
+/// inlined into [`rows`] beside the other passes, the accumulators were kept in 16 of the 32
+/// vector registers and spilled.
+///
+/// # Safety
+/// AVX-512F; block `b` and the token rows are in bounds.
+#[inline(never)]
 #[target_feature(enable = "avx512f")]
-unsafe fn block<const N: usize, const T: usize>(x: &[f32], w: &[f32], y: &mut [f32], at: Block) {
-    // SAFETY: AVX-512F is enabled; bounds are the caller's contract.
-    let acc = unsafe { accumulate::<N, T>(x, w, at) };
-    // One token's N accumulators together, padded with zeros to eight ([`hsum8`] sums each
-    // accumulator on its own, so the padding does not touch the first N sums).
-    let by_token: [[__m512; 8]; T] = std::array::from_fn(|b| {
-        std::array::from_fn(|r| {
-            if r < N {
-                acc[r][b]
+unsafe fn block<E: Elem, const T: usize>(
+    at: Pass,
+    b: usize,
+    i0: usize,
+    y: &mut [f32],
+    rows: usize,
+    stride: usize,
+) {
+    // SAFETY: the caller's contract.
+    let acc = unsafe { pass::<E, T>(at, b, i0) };
+    let j0 = b * ROWS;
+    let n = ROWS.min(rows - j0);
+    // Token by token, indexing `acc` (gathering every token's rows into an array first made
+    // the summing loop above spill its accumulators).
+    #[allow(clippy::needless_range_loop)]
+    for i in 0..T {
+        // One token's accumulators together, padded with zeros to eight ([`hsum8`] sums each
+        // accumulator on its own, so the padding does not touch the first sums).
+        let row: [__m512; 8] = std::array::from_fn(|r| {
+            if r < ROWS {
+                acc[r][i]
             } else {
                 _mm512_setzero_ps()
             }
-        })
-    });
-    for (b, acc) in by_token.into_iter().enumerate() {
-        let sums = hsum8(acc);
-        let at_y = (at.i0 + b) * at.stride + at.j0;
-        y[at_y..at_y + N].copy_from_slice(&sums[..N]);
+        });
+        let sums = hsum8(row);
+        let at = (i0 + i) * stride + j0;
+        y[at..at + n].copy_from_slice(&sums[..n]);
     }
 }
 
-/// One weight row (the end of `w` past its last whole block) against `T` token rows.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn single<const T: usize>(x: &[f32], w: &[f32], y: &mut [f32], at: Block) {
-    // SAFETY: AVX-512F is enabled; bounds are the caller's contract.
-    let acc = unsafe { accumulate::<1, T>(x, w, at) };
-    for (b, a) in acc[0].iter().enumerate() {
-        y[(at.i0 + b) * at.stride + at.j0] = hsum(*a);
-    }
-}
-
-/// The sum of `v`'s 16 lanes by the module's tree.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn hsum(v: __m512) -> f32 {
-    let a = _mm256_add_ps(
-        _mm512_castps512_ps256(v),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-    );
-    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    let d = _mm_add_ss(c, _mm_shuffle_ps::<1>(c, c));
-    _mm_cvtss_f32(d)
-}
-
-/// The lane sums of eight accumulators, each by the module's tree (bitwise [`hsum`] of
-/// each), with their lanes transposed together: 24 shuffles and adds instead of 64.
+/// The lane sums of eight accumulators, each by the module's tree, with their lanes
+/// transposed together: 24 shuffles and adds instead of 64.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn hsum8(v: [__m512; 8]) -> [f32; 8] {
