@@ -1,19 +1,20 @@
 //! What a run measured on: the machine and the code, for the head of `summary.md`. Figures
 //! from two machines (or two commits) are not comparable, so every result folder names both.
-use std::process::Command;
 
 /// `"<CPU model>, <n> CPU threads; specdec <commit>"`: the CPU's model name (Linux's
 /// `/proc/cpuinfo`, elsewhere the architecture), the threads the CPU forwards run on, and the
-/// commit of the checkout this binary was built from (`git rev-parse --short=12 HEAD` in
-/// it), followed by " with uncommitted changes" where `git status` lists modified tracked
-/// files, or "commit unknown" where that checkout is not here (a binary carried to another
-/// machine) or git is missing.
+/// commit this binary was built from (recorded by `build.rs` at build time, followed by
+/// " with uncommitted changes" where the compiled files differed from it), or "commit
+/// unknown" for a build outside a git checkout.
 pub fn description() -> String {
+    let commit = match env!("BUILT_FROM_COMMIT") {
+        "" => "commit unknown (built outside a git checkout)",
+        commit => commit,
+    };
     format!(
-        "{}, {} CPU threads; specdec {}",
+        "{}, {} CPU threads; specdec {commit}",
         cpu_model(),
         rayon::current_num_threads(),
-        commit().unwrap_or_else(|| "commit unknown (its checkout is not here)".to_string())
     )
 }
 
@@ -28,26 +29,4 @@ fn cpu_model() -> String {
         })
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| format!("{} CPU (model name not read)", std::env::consts::ARCH))
-}
-
-/// The commit of the checkout the binary was built from, marked where tracked files differ
-/// from it.
-fn commit() -> Option<String> {
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(env!("CARGO_MANIFEST_DIR"))
-            .args(args)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "--short=12", "HEAD"]).filter(|h| !h.is_empty())?;
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])?;
-    Some(match dirty.is_empty() {
-        true => head,
-        false => format!("{head} with uncommitted changes"),
-    })
 }
