@@ -15,6 +15,7 @@
 //!
 //! f32, contiguous operands only; anything else (other dtypes, devices, long prefills) goes
 //! through candle's matmul.
+#[cfg(target_arch = "x86_64")]
 use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Storage, Tensor};
@@ -26,6 +27,10 @@ use crate::error::Result;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod blocked;
+#[cfg(target_arch = "x86_64")]
+use blocked::{block_lines, blocked, is_f16, Line};
 
 /// The most rows of `x` this kernel takes; longer inputs (prefill) use candle's gemm, whose
 /// packing pays off there.
@@ -46,12 +51,6 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
 /// Weight rows per block of the blocked layout; threads split `W` in whole blocks.
 const ROWS: usize = 4;
-
-/// One 64-byte cache line of the blocked layout (16 f32 or 32 f16 weights), aligned to a
-/// line so that no vector load straddles two.
-#[derive(Debug, Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// A weight `W: [out, in]` (f32, on the CPU) as [`skinny_matmul`] reads it, made once when a
 /// layer is built.
@@ -74,6 +73,7 @@ enum Stored {
     /// in the order it sums. `half`: elements are f16, used when every weight is exactly an
     /// f16 (a checkpoint stored in f16 and widened at load): half the bytes to read, and the
     /// kernel widens each one back to the same f32, so products are bitwise unchanged.
+    #[cfg(target_arch = "x86_64")]
     Blocked { lines: Arc<[Line]>, half: bool },
 }
 
@@ -85,6 +85,7 @@ impl SkinnyWeight {
     }
 
     /// As [`Self::new`] with `kernel`; `half`: f16 storage allowed where lossless.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
     fn with_kernel(kernel: Kernel, w: &Tensor, half: bool) -> Result<Option<Self>> {
         if !w.device().is_cpu() || w.dtype() != candle_core::DType::F32 || w.rank() != 2 {
             return Ok(None);
@@ -128,6 +129,7 @@ impl SkinnyWeight {
     /// storage's read lock).
     fn with_weights<R>(&self, f: impl FnOnce(Weights) -> R) -> candle_core::Result<R> {
         match &self.stored {
+            #[cfg(target_arch = "x86_64")]
             Stored::Blocked { lines, half } => Ok(f(Weights::Blocked { lines, half: *half })),
             Stored::Plain(tensor) => {
                 let (storage, layout) = tensor.storage_and_layout();
@@ -168,46 +170,6 @@ fn product(kernel: Kernel, x: &[f32], w: Weights, t: usize, inp: usize, y: &mut 
             y[j0..j0 + n].copy_from_slice(part);
         }
     }
-}
-
-/// True when `v` is exactly an f16 value (NaN is not: its payload may not survive).
-fn is_f16(v: f32) -> bool {
-    half::f16::from_f32(v).to_f32().to_bits() == v.to_bits()
-}
-
-/// Bytes of one weight in the blocked layout.
-fn elem_bytes(half: bool) -> usize {
-    if half {
-        2
-    } else {
-        4
-    }
-}
-
-/// Lines of one block of [`ROWS`] rows of `inp` features.
-fn block_lines(inp: usize, half: bool) -> usize {
-    inp.div_ceil(16) * ROWS * 16 * elem_bytes(half) / 64
-}
-
-/// `w: [out, in]` (row-major) in the blocked layout of [`Stored::Blocked`] (f16 elements
-/// when `half`: the caller checked they are exact).
-fn blocked(w: &[f32], out: usize, inp: usize, half: bool) -> Arc<[Line]> {
-    let steps = inp.div_ceil(16);
-    let bytes = elem_bytes(half);
-    let mut lines = vec![Line([0; 64]); out.div_ceil(ROWS) * block_lines(inp, half)];
-    for (j, row) in w.chunks_exact(inp).enumerate() {
-        let (b, r) = (j / ROWS, j % ROWS);
-        for (k, &v) in row.iter().enumerate() {
-            let at = (((b * steps + k / 16) * ROWS + r) * 16 + k % 16) * bytes;
-            let line = &mut lines[at / 64].0[at % 64..at % 64 + bytes];
-            if half {
-                line.copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
-            } else {
-                line.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-    }
-    lines.into()
 }
 
 /// `x: [t, in]` (1 ≤ t ≤ [`MAX_ROWS`], f32, contiguous, on the CPU: [`SkinnyWeight::applies`])
@@ -289,6 +251,7 @@ enum Weights<'a> {
     /// `[rows, in]`, row-major.
     Plain(&'a [f32]),
     /// Whole blocks of [`Stored::Blocked`], f16 when `half`.
+    #[cfg(target_arch = "x86_64")]
     Blocked { lines: &'a [Line], half: bool },
 }
 
@@ -297,6 +260,7 @@ impl<'a> Weights<'a> {
     fn rows(self, j0: usize, n: usize, inp: usize) -> Weights<'a> {
         match self {
             Weights::Plain(w) => Weights::Plain(&w[j0 * inp..(j0 + n) * inp]),
+            #[cfg(target_arch = "x86_64")]
             Weights::Blocked { lines, half } => {
                 let per_block = block_lines(inp, half);
                 let (b0, b1) = (j0 / ROWS, (j0 + n).div_ceil(ROWS));
@@ -347,6 +311,7 @@ fn rows(
                 portable(x, w_row, col)
             })
         }
+        #[cfg(target_arch = "x86_64")]
         _ => unreachable!("a kernel gets the layout SkinnyWeight made for it"),
     }
 }
@@ -438,6 +403,7 @@ mod tests {
     }
 
     /// True when `w` was stored in f16.
+    #[cfg(target_arch = "x86_64")]
     fn stored_half(w: &SkinnyWeight) -> bool {
         matches!(w.stored, Stored::Blocked { half: true, .. })
     }
