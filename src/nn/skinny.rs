@@ -27,8 +27,10 @@ use crate::error::Result;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
+// The layout is read by the AVX-512 kernel only; `ROWS` also sets the threads' split.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod blocked;
+use blocked::ROWS;
 #[cfg(target_arch = "x86_64")]
 use blocked::{block_lines, blocked, is_f16, Line};
 
@@ -48,9 +50,6 @@ pub const MIN_ROWS: usize = 1;
 /// are split too: their weights stream from L3, and two cores stream them faster than one
 /// (docs/kernel-notes.md).
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
-
-/// Weight rows per block of the blocked layout; threads split `W` in whole blocks.
-const ROWS: usize = 4;
 
 /// A weight `W: [out, in]` (f32, on the CPU) as [`skinny_matmul`] reads it, made once when a
 /// layer is built.
@@ -368,22 +367,10 @@ mod tests {
     use candle_core::Device;
     use proptest::prelude::*;
 
-    /// `rows` with `kernel` over `w: [out, in]` laid out for it (f32).
-    fn rows_with(
-        kernel: Kernel,
-        x: &[f32],
-        w: &[f32],
-        t: usize,
-        inp: usize,
-        y: &mut [f32],
-        stride: usize,
-    ) {
-        rows_stored(kernel, false, x, w, t, inp, y, stride);
-    }
-
-    /// As `rows_with`, with f16 storage where lossless when `half`.
+    /// `rows` with `kernel` over `w: [out, in]` laid out for it (f16 storage where lossless
+    /// when `half`).
     #[allow(clippy::too_many_arguments)]
-    fn rows_stored(
+    fn rows_with(
         kernel: Kernel,
         half: bool,
         x: &[f32],
@@ -453,7 +440,7 @@ mod tests {
             for kernel in supported() {
                 for t in 1..=MAX_ROWS {
                     let mut y = vec![f32::NAN; t * stride];
-                    rows_with(kernel, &x[..t * inp], &w, t, inp, &mut y, stride);
+                    rows_with(kernel, false, &x[..t * inp], &w, t, inp, &mut y, stride);
                     for i in 0..t {
                         for j in 0..out {
                             let want: f64 = (0..inp)
@@ -487,13 +474,13 @@ mod tests {
                 let w = values(out * inp, seed + 7);
                 let single = |i: usize| {
                     let mut y = vec![0f32; out];
-                    rows_with(Kernel::Avx512, &x[i * inp..(i + 1) * inp], &w, 1, inp, &mut y, out);
+                    rows_with(Kernel::Avx512, false, &x[i * inp..(i + 1) * inp], &w, 1, inp, &mut y, out);
                     y
                 };
                 let singles: Vec<Vec<f32>> = (0..MAX_ROWS).map(single).collect();
                 for t in 1..=MAX_ROWS {
                     let mut y = vec![0f32; t * out];
-                    rows_with(Kernel::Avx512, &x[..t * inp], &w, t, inp, &mut y, out);
+                    rows_with(Kernel::Avx512, false, &x[..t * inp], &w, t, inp, &mut y, out);
                     for (i, one) in singles.iter().enumerate().take(t) {
                         let row = &y[i * out..(i + 1) * out];
                         prop_assert!(
@@ -534,9 +521,9 @@ mod tests {
                 prop_assert_eq!(stored_half(&sw), !inexact);
                 for t in 1..=MAX_ROWS {
                     let mut halves = vec![0f32; t * out];
-                    rows_stored(Kernel::Avx512, true, &x[..t * inp], &w, t, inp, &mut halves, out);
+                    rows_with(Kernel::Avx512, true, &x[..t * inp], &w, t, inp, &mut halves, out);
                     let mut floats = vec![0f32; t * out];
-                    rows_stored(Kernel::Avx512, false, &x[..t * inp], &w, t, inp, &mut floats, out);
+                    rows_with(Kernel::Avx512, false, &x[..t * inp], &w, t, inp, &mut floats, out);
                     prop_assert!(
                         halves.iter().zip(&floats).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "t {t}: {halves:?} vs {floats:?}"
@@ -573,7 +560,7 @@ mod tests {
             .unwrap();
         for kernel in supported() {
             let mut one = vec![0f32; t * out];
-            rows_with(kernel, &xs, &ws, t, inp, &mut one, out);
+            rows_with(kernel, false, &xs, &ws, t, inp, &mut one, out);
             let sw = SkinnyWeight::with_kernel(kernel, &w, true)
                 .unwrap()
                 .unwrap();

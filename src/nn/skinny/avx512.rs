@@ -21,7 +21,7 @@
 //! decode step.
 use std::arch::x86_64::*;
 
-use super::{Line, ROWS};
+use super::blocked::{Line, ROWS};
 
 /// Most token rows per pass over a block: `ROWS · T` accumulators, `T` `x` vectors and a `w`
 /// vector in the 32 zmm registers. Longer inputs pass over a block in several token blocks,

@@ -2,7 +2,9 @@
 //! reads: lines of 64 bytes, f32 or (where lossless) f16 elements.
 use std::sync::Arc;
 
-use super::ROWS;
+/// Weight rows per block of the blocked layout; threads split `W` in whole blocks (of every
+/// layout, so that the split does not depend on the kernel).
+pub const ROWS: usize = 4;
 
 /// One 64-byte cache line of the blocked layout (16 f32 or 32 f16 weights), aligned to a
 /// line so that no vector load straddles two.
