@@ -121,9 +121,7 @@ impl SkinnyWeight {
             && x.dims()[1] == self.inp
             && x.is_contiguous()
     }
-}
 
-impl SkinnyWeight {
     /// `f` of all of the weight's rows in its layout (a plain weight read in place, under its
     /// storage's read lock).
     fn with_weights<R>(&self, f: impl FnOnce(Weights) -> R) -> candle_core::Result<R> {

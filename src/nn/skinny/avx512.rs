@@ -98,7 +98,6 @@ pub unsafe fn rows<E: Elem>(
         end: w.as_ptr_range().end.cast::<u8>(),
         x: x.as_ptr(),
         inp,
-        steps,
     };
     // Token blocks as even as possible (5 rows: 3 + 2), each a pass over the weight block;
     // the first pass reads the block from memory, the others from L1.
@@ -122,15 +121,14 @@ pub unsafe fn rows<E: Elem>(
     }
 }
 
-/// The operands of a product: the blocked weights (bytes `w` to `end`), the token rows `x`,
-/// their width and the 16-feature steps per weight row.
+/// The operands of a product: the blocked weights (bytes `w` to `end`), the token rows `x`
+/// and their width.
 #[derive(Clone, Copy)]
 struct Pass {
     w: *const u8,
     end: *const u8,
     x: *const f32,
     inp: usize,
-    steps: usize,
 }
 
 /// The accumulators of block `b`'s [`ROWS`] weight rows × token rows `i0..i0 + T`.
@@ -140,13 +138,8 @@ struct Pass {
 /// bounds.
 #[inline(always)]
 unsafe fn pass<E: Elem, const T: usize>(at: Pass, b: usize, i0: usize) -> [[__m512; T]; ROWS] {
-    let Pass {
-        w,
-        end,
-        x,
-        inp,
-        steps,
-    } = at;
+    let Pass { w, end, x, inp } = at;
+    let steps = inp.div_ceil(16);
     let mut acc = [[_mm512_setzero_ps(); T]; ROWS];
     // The prefetch target, clamped to the matrix's last step (branch-free: a branch per
     // line split the loop and the accumulators spilled).
