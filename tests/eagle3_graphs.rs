@@ -3,8 +3,10 @@
 //! autoregressive output (f32; γ = 1, 3, 5; the shipped Llama-architecture draft as a
 //! full-attention target and the shipped rotating target, slack strategy), and on CUDA the
 //! head's steps really replayed recordings (a recording that failed would fall back to the
-//! ordinary path unseen). On the CPU graphs change nothing and the test checks the ordinary
-//! path.
+//! ordinary path unseen). With the trained head of the shipped target (which drafts what the
+//! target accepts), proposals recorded as one graph each (`chain_graphs`) and step by step
+//! draft the same: the same accepted drafts at every step, both equal to autoregressive
+//! output. On the CPU graphs change nothing and the test checks the ordinary path.
 //!
 //! Its own test binary with one test: recording captures the device's whole stream, so no
 //! other test may use the device meanwhile (see `specdec::nn::graphs_enabled`).
@@ -79,4 +81,68 @@ fn greedy_eagle3_with_recorded_head_steps_equals_autoregressive() {
             );
         }
     }
+    chained_proposals_draft_what_steps_draft(options, &params(100, 4));
+}
+
+/// The trained head on the shipped target, `chain_graphs` on and off: identical outputs and
+/// accepted drafts per step, equal to autoregressive output; on CUDA only "on" chains.
+fn chained_proposals_draft_what_steps_draft(
+    options: specdec::engine::EngineOptions,
+    params: &GenParams,
+) {
+    let target = shipped("target");
+    let head = Arc::new(
+        load_eagle3(
+            &common::checkpoint::repo_path("models/eagle3"),
+            target.num_layers(),
+            target.embedding(),
+        )
+        .expect("trained head"),
+    );
+    let strategy = RotatingStrategy::Slack { max_draft: 8 };
+    for prompt in [tokens(30, 1024, 8), tokens(12, 1024, 9)] {
+        let mut cache = target.new_cache(strategy).expect("cache");
+        let mut rng = StdRng::seed_from_u64(0);
+        let ar = fresh(
+            &target,
+            &mut cache,
+            &prompt,
+            params,
+            Drafting::None,
+            &mut rng,
+        )
+        .expect("autoregressive");
+        let mut runs = Vec::new();
+        for chain_graphs in [true, false] {
+            specdec::engine::set(specdec::engine::EngineOptions {
+                chain_graphs,
+                ..options
+            })
+            .expect("engine options");
+            let before = head.chained_proposals();
+            let mut drafter =
+                Eagle3Drafter::with_confidence("eagle3", Arc::clone(&head), None).expect("drafter");
+            let drafting = Drafting::chain(&mut drafter);
+            let r = fresh(&target, &mut cache, &prompt, params, drafting, &mut rng)
+                .expect("speculative");
+            assert_eq!(r.output_ids, ar.output_ids, "chain_graphs = {chain_graphs}");
+            let chained = head.chained_proposals() - before;
+            if target.device().is_cuda() && chain_graphs {
+                assert!(chained > 0, "no proposal was recorded as one graph");
+            } else {
+                assert_eq!(chained, 0, "chain_graphs = {chain_graphs}");
+            }
+            runs.push(r.accepted);
+        }
+        assert!(
+            runs[0].iter().sum::<usize>() > runs[0].len(),
+            "the trained head accepted {:?}: too few to compare drafts",
+            runs[0]
+        );
+        assert_eq!(
+            runs[0], runs[1],
+            "accepted drafts per step, chained vs step by step"
+        );
+    }
+    specdec::engine::set(options).expect("engine options");
 }

@@ -36,6 +36,12 @@ pub struct EngineOptions {
     pub cuda_graphs: bool,
     /// Print each graph recording's census of nodes and edges (diagnostics; default off).
     pub graph_census: bool,
+    /// Recorded graph steps a model keeps, least recently used dropped first (default 64).
+    /// Every point of an interleaved sweep has caches of its own, and a recording serves one
+    /// cache's buffers, one block length and one attention reach: a sweep whose live steps
+    /// outnumber this records steps again inside its timed generations (each generation's
+    /// `graph_recordings` counts them).
+    pub graphs_kept: usize,
     /// Kernels carry the programmatic-dependent-launch attribute on compute capability 9.0
     /// or newer (default on).
     pub pdl: bool,
@@ -94,6 +100,11 @@ pub struct EngineOptions {
     /// depth over the cache in place (default on, with `fused_rope`; off: the masked product
     /// over the cache the ordinary path returns, not recorded).
     pub tree_in_place: bool,
+    /// A greedy EAGLE-3 proposal (the committed pairs read, then the drafts, each the argmax
+    /// of the step before mapped to a target id) replays as one recorded graph (default on,
+    /// with `cuda_graphs`; off: one recorded step per head forward, the argmax and mapping
+    /// launched between them).
+    pub chain_graphs: bool,
 }
 
 /// The library's defaults (a constant, so that the process-wide options start from it).
@@ -101,6 +112,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     queued_verify: true,
     cuda_graphs: false,
     graph_census: false,
+    graphs_kept: 64,
     pdl: true,
     graph_pdl: true,
     fused_rope: true,
@@ -122,6 +134,7 @@ const DEFAULTS: EngineOptions = EngineOptions {
     qk_norm_fold: true,
     argmax_split: true,
     tree_in_place: true,
+    chain_graphs: true,
 };
 
 impl Default for EngineOptions {
@@ -138,6 +151,9 @@ impl EngineOptions {
                 "engine.{key} = {value}: expected {allowed}"
             )))
         };
+        if self.graphs_kept == 0 {
+            return bad("graphs_kept", "0".into(), "at least 1");
+        }
         if !matches!(self.gemv_loads, 0..=2) {
             return bad(
                 "gemv_loads",
@@ -231,12 +247,13 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 24);
+        assert_eq!(keys.len(), 26);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "bias_fold"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
         assert!(keys.iter().any(|k| k == "ring_in_place"));
         assert!(keys.iter().any(|k| k == "tree_in_place"));
+        assert!(keys.iter().any(|k| k == "graphs_kept"));
     }
 }

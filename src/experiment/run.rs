@@ -20,8 +20,8 @@ use super::output::{default_result_path, ResultDir};
 use super::plot::write_plots;
 use super::report::{
     answer, csv, engine_section, markdown, markdown_table, prefill_section, prompt_markdown,
-    prompt_rows, store_section, store_verdict, tree_markdown, turns_section, Agreement,
-    StrategyCheck, ENGINE_VERDICT, SPECULATIVE_VERDICT,
+    prompt_rows, recordings_section, store_section, store_verdict, tree_markdown, turns_section,
+    Agreement, StrategyCheck, ENGINE_VERDICT, SPECULATIVE_VERDICT,
 };
 use super::runner::{
     Conversations, DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver,
@@ -230,6 +230,7 @@ fn check_sections(
         speculative
             .clone()
             .map_or_else(String::new, |v| format!("{v}\n")),
+        recordings_section(records),
         rss.clone(),
     ];
     let markdown: Vec<String> = sections

@@ -17,6 +17,15 @@ use super::mlp::GatedMlp;
 use crate::cache::ModelCache;
 use crate::error::{Error, Result};
 
+/// Most drafts a proposal records as one graph ([`Eagle3Head::propose_graphed`]).
+#[cfg(feature = "cuda")]
+pub const MAX_CHAINED_STEPS: usize = 16;
+
+/// Graph slots of chained proposals (`CHAIN_SLOT + pairs read`), apart from the single
+/// steps' (`2 × rows + last`).
+#[cfg(feature = "cuda")]
+const CHAIN_SLOT: usize = 1 << 16;
+
 /// The parts an [`Eagle3Head`] is built from (see the module doc for what each does).
 #[derive(Debug)]
 pub struct Eagle3Parts {
@@ -62,6 +71,8 @@ pub struct Eagle3Head {
     /// Recorded steps (CUDA only), as a decoder's.
     #[cfg(feature = "cuda")]
     graphs: super::cuda::graph::Graphs,
+    /// Proposals made as one replayed graph ([`Self::propose_graphed`]).
+    chained: std::sync::atomic::AtomicUsize,
 }
 
 impl Eagle3Head {
@@ -105,6 +116,7 @@ impl Eagle3Head {
             parts,
             #[cfg(feature = "cuda")]
             graphs: Default::default(),
+            chained: Default::default(),
         })
     }
 
@@ -157,6 +169,12 @@ impl Eagle3Head {
         }
         #[cfg(not(feature = "cuda"))]
         0
+    }
+
+    /// Greedy proposals made as one replayed CUDA graph each (see
+    /// [`Self::propose_graphed`]); 0 off CUDA.
+    pub fn chained_proposals(&self) -> usize {
+        self.chained.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Parameters held (the embedding, usually the target's, not counted).
@@ -242,15 +260,7 @@ impl Eagle3Head {
         };
         let p = &self.parts;
         let t = ids.dim(0)?;
-        let quantized = [&p.fc, &p.lm_head].iter().any(|l| l.is_quantized())
-            || p.attn.is_quantized()
-            || p.mlp.is_quantized();
-        if t > super::transformer::GRAPH_MAX_ROWS
-            || cache.offset() == 0
-            || !super::graphs::graphs_enabled()
-            || quantized
-            || p.kind != super::spec::LayerKind::Full
-        {
+        if !self.graphable(t, cache) {
             return Ok(None);
         }
         let Some(bufs) = cache.reserve_in_place(t)? else {
@@ -291,6 +301,112 @@ impl Eagle3Head {
         Ok(Some((out, logits)))
     }
 
+    /// A greedy proposal as one replayed CUDA graph: the `t` committed pairs (`ids: [t]`,
+    /// `features: [t, fused_width]`) read into the cache as [`Self::forward`] reads them,
+    /// then `steps − 1` more head steps inside the same graph, each fed the output and the
+    /// argmax (mapped to a target id) of the step before. Returns `[ids[t − 1], d1..d_steps]`
+    /// (the last committed token, then the drafts: the block a verification takes) on the
+    /// device, and the last pair's output `[1, hidden]`. The cache advances by the `t`
+    /// pairs only: the drafts' K/V, written past its end, are never committed (as a rolled
+    /// back speculation's). The same kernels as the step-by-step proposal
+    /// ([`Self::forward`] per step, the argmax and `d2t` mapping between them), one launch
+    /// instead of several a step. `None` where [`Self::forward`] would not replay a graph,
+    /// with more than [`MAX_CHAINED_STEPS`] steps, or with the engine option
+    /// `chain_graphs` off: the caller then proposes step by step.
+    #[cfg(feature = "cuda")]
+    pub fn propose_graphed(
+        &self,
+        ids: &Tensor,
+        features: &Tensor,
+        cache: &mut ModelCache,
+        steps: usize,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let candle_core::Device::Cuda(dev) = self.device() else {
+            return Ok(None);
+        };
+        let t = ids.dim(0)?;
+        if steps == 0
+            || steps > MAX_CHAINED_STEPS
+            || !crate::engine::get().chain_graphs
+            || features.dim(1)? != self.fc_in
+            || !self.graphable(t, cache)
+        {
+            return Ok(None);
+        }
+        // Room for the pairs and the drafts' K/V (the drafts' past the cache's end).
+        let Some(bufs) = cache.reserve_in_place(t + steps - 1)? else {
+            return Ok(None);
+        };
+        let crate::cache::InPlace { k, v, id, .. } = &bufs[0];
+        let first = cache.offset() + t;
+        // Each step's cache length: the pairs', then one more per draft.
+        let lens: Vec<u32> = (0..steps).map(|i| (first + i) as u32).collect();
+        let capacity = k.dim(2)?;
+        let reach = super::cuda::split_reach(capacity, first + steps - 1);
+        let (cos, _) = self.parts.attn.rope_table(capacity)?;
+        let key = vec![*id, cos.dim(0)? as u64, reach as u64, steps as u64];
+        let tokens = super::tokens::DeviceTokens::from_argmax(ids.clone(), self.vocab_size()?);
+        let chain = |ids: &Tensor, lens: &Tensor, features: Option<&Tensor>| {
+            let features =
+                features.ok_or_else(|| Error::invalid("eagle3: graph step without features"))?;
+            let attend = |i: usize| {
+                let len = lens.narrow(0, i, 1);
+                move |attn: &Attention, x: &Tensor| {
+                    let len = len?;
+                    attn.forward_in_place(
+                        AttnInput::Normed(x),
+                        (k, v),
+                        (&len, reach),
+                        None,
+                        None,
+                        None,
+                    )
+                }
+            };
+            let (out, logits) = self.step(ids, features, true, attend(0))?;
+            let mut out = out.narrow(0, t - 1, 1)?;
+            let read = out.clone();
+            let mut draft = self.map_to_target(&super::fused::argmax_on_device(&logits)?)?;
+            let mut block = vec![ids.narrow(0, t - 1, 1)?, draft.clone()];
+            for i in 1..steps {
+                let (next, logits) = self.step(&draft, &out, true, attend(i))?;
+                out = next;
+                draft = self.map_to_target(&super::fused::argmax_on_device(&logits)?)?;
+                block.push(draft.clone());
+            }
+            Ok((Tensor::cat(&block, 0)?, Some(read)))
+        };
+        let slot = CHAIN_SLOT + t;
+        let ids = super::tokens::StepIds::Device(&tokens);
+        let Some((block, read)) =
+            self.graphs
+                .run(dev, (slot, false), key, ids, &lens, Some(features), chain)?
+        else {
+            return Ok(None);
+        };
+        cache.advance(t)?;
+        let read = read.ok_or_else(|| Error::invalid("eagle3: graph step lost its outputs"))?;
+        self.chained
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some((block, read)))
+    }
+
+    /// Whether a step of `t` pairs over `cache` can replay a graph: graphs on, a cache that
+    /// has a buffer (not the first forward), at most [`super::transformer::GRAPH_MAX_ROWS`]
+    /// pairs, dense weights, a full-attention layer.
+    #[cfg(feature = "cuda")]
+    fn graphable(&self, t: usize, cache: &ModelCache) -> bool {
+        let p = &self.parts;
+        let quantized = [&p.fc, &p.lm_head].iter().any(|l| l.is_quantized())
+            || p.attn.is_quantized()
+            || p.mlp.is_quantized();
+        t <= super::transformer::GRAPH_MAX_ROWS
+            && cache.offset() > 0
+            && super::graphs::graphs_enabled()
+            && !quantized
+            && p.kind == super::spec::LayerKind::Full
+    }
+
     /// The head's computation over `t` pairs with the attention `attend(attention, x)` of
     /// its input rows `x: [t, 2 × hidden]` (the ordinary cache append or a graph step's
     /// in-place write): `(outputs, logits)` as [`Self::forward`] returns them.
@@ -326,21 +442,16 @@ impl Eagle3Head {
         };
         let h = attend(&p.attn, &x)?;
         let (y, normed) = p.post_attention_norm.add_forward(&residual, &h)?;
-        let mut out = (y + p.mlp.forward(&normed)?)?;
-        let rows = |x: &Tensor| -> Result<Tensor> {
-            let t = x.dim(0)?;
-            Ok(if last {
-                x.narrow(0, t - 1, 1)?
-            } else {
-                x.clone()
-            })
-        };
-        let logits = if p.norm_output {
-            out = p.norm.forward(&out)?;
-            p.lm_head.forward(&rows(&out)?)?
+        // The MLP's residual add and the final norm in one kernel where the device has one.
+        let (sum, out_normed) = p.norm.add_forward(&y, &p.mlp.forward(&normed)?)?;
+        let t = out_normed.dim(0)?;
+        let rows = if last {
+            out_normed.narrow(0, t - 1, 1)?
         } else {
-            p.lm_head.forward(&p.norm.forward(&rows(&out)?)?)?
+            out_normed.clone()
         };
+        let logits = p.lm_head.forward(&rows)?;
+        let out = if p.norm_output { out_normed } else { sum };
         Ok((out, logits.to_dtype(DType::F32)?))
     }
 }

@@ -1,6 +1,6 @@
 //! The device-generic face of recorded CUDA graph steps (`cuda/graph.rs` records and replays
 //! them): whether they are on, and the census of their nodes and edges.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Whether short steps on CUDA replay recorded graphs: the engine option `cuda_graphs` (off
 /// by default in the library, on in `exp` and the GPU benchmark).
@@ -12,6 +12,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// running tests in parallel does not.
 pub fn graphs_enabled() -> bool {
     crate::engine::get().cuda_graphs
+}
+
+/// CUDA graph steps recorded in this process so far (never any without CUDA). A recording
+/// runs its step eagerly, captures it and instantiates the graph — milliseconds for a model's
+/// step — so a generation during which this grew paid for recordings inside its timings.
+pub fn recordings_made() -> usize {
+    RECORDINGS.load(Ordering::Relaxed)
+}
+
+static RECORDINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one recording made (see [`recordings_made`]).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn count_recording() {
+    RECORDINGS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A recorded CUDA graph step's nodes and edges (see [`count_graph_censuses`]).

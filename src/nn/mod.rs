@@ -38,7 +38,7 @@ pub use cuda::{kernel_trace, TraceRecord};
 pub use eagle3::{Eagle3Head, Eagle3Parts};
 pub(crate) use fused::argmax_on_device;
 pub use fused::{argmax_rows, cuda_ordinal, folded_gemv, open_cuda, Folded, Gate};
-pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, GraphCensus};
+pub use graphs::{count_graph_censuses, graph_pdl, graphs_enabled, recordings_made, GraphCensus};
 pub use linear::{Linear, RmsNorm};
 pub use mlp::{Activation, GatedMlp};
 pub use parallel::{all_reduce_group, process_group};

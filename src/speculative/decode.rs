@@ -156,6 +156,7 @@ fn autoregressive<M: LanguageModel>(
     rng: &mut StdRng,
 ) -> Result<GenerationRecord> {
     let start = Instant::now();
+    let recorded = crate::nn::recordings_made();
     seq.cache_mut().tap_hidden(None);
     let (mut out, mut token) = prefill(target, seq, prompt, params, rng)?;
     while !out.push(token) {
@@ -173,6 +174,7 @@ fn autoregressive<M: LanguageModel>(
         out.record.verify_s += t.elapsed().as_secs_f64();
     }
     seq.finish(&[prompt, &out.record.output_ids].concat())?;
+    out.record.graph_recordings = crate::nn::recordings_made() - recorded;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
 }
@@ -191,6 +193,7 @@ fn speculative<M: LanguageModel>(
 ) -> Result<GenerationRecord> {
     let params = rule.params;
     let start = Instant::now();
+    let recorded = crate::nn::recordings_made();
     let draft_forwards = drafter.forwards();
     seq.cache_mut().tap_hidden(drafter.target_layers());
     let (mut out, first) = prefill(target, seq, prompt, params, rng)?;
@@ -226,6 +229,7 @@ fn speculative<M: LanguageModel>(
     }
     seq.finish(&context)?;
     out.record.draft_forwards = drafter.forwards() - draft_forwards;
+    out.record.graph_recordings = crate::nn::recordings_made() - recorded;
     out.record.wall_s = start.elapsed().as_secs_f64();
     Ok(out.record)
 }

@@ -40,6 +40,9 @@ pub struct Eagle3Drafter {
     /// The last read pair's output and logits (`[1, hidden]`, `[1, draft_vocab]`), for a
     /// proposal with no new committed pair.
     last: Option<(Tensor, Tensor)>,
+    /// The last read pair's token id `[1]` and target states `[1, fused_width]`, to read it
+    /// again where `last` was not kept.
+    last_pair: Option<(Tensor, Tensor)>,
     /// Stop drafting before a position whose largest probability is below this (the first
     /// draft is always proposed).
     confidence: Option<f32>,
@@ -66,6 +69,7 @@ impl Eagle3Drafter {
             held: Vec::new(),
             pending: None,
             last: None,
+            last_pair: None,
             confidence,
             forwards: 0,
         })
@@ -75,6 +79,15 @@ impl Eagle3Drafter {
     /// divergence first); returns the last pair's output and logits. Errors when the target
     /// did not hand over the states they need.
     fn sync(&mut self, context: &[u32]) -> Result<(Tensor, Tensor)> {
+        match self.unread(context)? {
+            Some(pairs) => self.read(context, pairs),
+            None => self.last_again(),
+        }
+    }
+
+    /// Rewinds the cache past a divergence from `context`; returns the committed pairs it
+    /// lacks (`None` when it holds them all).
+    fn unread(&mut self, context: &[u32]) -> Result<Option<Pairs>> {
         let shared = self
             .held
             .iter()
@@ -86,22 +99,60 @@ impl Eagle3Drafter {
             self.cache.restore(None, keep)?;
             self.held.truncate(keep + 1);
             self.last = None;
+            self.last_pair = None;
         }
         let (from, to) = (self.cache.offset(), context.len().saturating_sub(1));
         if from == to {
-            return self.last.clone().ok_or_else(|| {
-                Error::invalid("eagle3: a proposal before any committed pair (a one-token prompt?)")
-            });
+            return Ok(None);
         }
         let states = self.states(from, to)?;
         let ids = Tensor::new(&context[from + 1..=to], &states.device().clone())?;
-        let (out, logits) = self.head.forward(&ids, &states, &mut self.cache, true)?;
-        self.forwards += 1;
+        Ok(Some(Pairs { to, ids, states }))
+    }
+
+    /// Counts `pairs` read into the cache (up to position `to` of `context`).
+    fn mark_read(&mut self, context: &[u32], pairs: &Pairs) -> Result<()> {
         self.held.clear();
-        self.held.extend_from_slice(&context[..=to]);
-        let last = (out.narrow(0, to - from - 1, 1)?, logits);
+        self.held.extend_from_slice(&context[..=pairs.to]);
+        let t = pairs.ids.dim(0)?;
+        self.last_pair = Some((
+            pairs.ids.narrow(0, t - 1, 1)?,
+            pairs.states.narrow(0, t - 1, 1)?,
+        ));
+        Ok(())
+    }
+
+    /// Reads `pairs` in one forward; returns the last one's output and logits.
+    fn read(&mut self, context: &[u32], pairs: Pairs) -> Result<(Tensor, Tensor)> {
+        let (out, logits) = self
+            .head
+            .forward(&pairs.ids, &pairs.states, &mut self.cache, true)?;
+        self.forwards += 1;
+        self.mark_read(context, &pairs)?;
+        let t = pairs.ids.dim(0)?;
+        let last = (out.narrow(0, t - 1, 1)?, logits);
         self.last = Some(last.clone());
         Ok(last)
+    }
+
+    /// The last read pair's output and logits for a proposal with no new pair: kept from
+    /// its read, or (after a chained proposal, which keeps no logits) that pair read again.
+    fn last_again(&mut self) -> Result<(Tensor, Tensor)> {
+        if let Some(last) = &self.last {
+            return Ok(last.clone());
+        }
+        let (Some((ids, states)), Some(offset)) =
+            (self.last_pair.clone(), self.cache.offset().checked_sub(1))
+        else {
+            return Err(Error::invalid(
+                "eagle3: a proposal before any committed pair (a one-token prompt?)",
+            ));
+        };
+        self.cache.restore(None, offset)?;
+        let (out, logits) = self.head.forward(&ids, &states, &mut self.cache, true)?;
+        self.forwards += 1;
+        self.last = Some((out.clone(), logits.clone()));
+        Ok((out, logits))
     }
 
     /// The target's states of positions `[from, to)`, taken out of the pending rows.
@@ -133,11 +184,10 @@ impl Eagle3Drafter {
         sampling: &SamplingParams,
         rng: &mut StdRng,
     ) -> Result<Box<dyn Draft + 'a>> {
-        let (mut out, mut logits) = self.sync(context)?;
         if sampling.is_greedy() && self.confidence.is_none() {
-            let last = queued.then(|| context[context.len() - 1]);
-            return self.greedy_chain(out, logits, max, last);
+            return self.greedy(context, max, queued);
         }
+        let (mut out, mut logits) = self.sync(context)?;
         let device = out.device().clone();
         let mut tokens = Vec::with_capacity(max);
         let mut probs = (!sampling.is_greedy()).then(|| Vec::with_capacity(max));
@@ -175,6 +225,48 @@ impl Eagle3Drafter {
             tokens,
             probs,
         }))
+    }
+
+    /// A greedy chain of `max` drafts (queued for the engine when `queued`): read and
+    /// drafted in one replayed graph where the head takes one
+    /// ([`Eagle3Head::propose_graphed`]), else step by step ([`Self::greedy_chain`]).
+    fn greedy<'a>(
+        &'a mut self,
+        context: &[u32],
+        max: usize,
+        queued: bool,
+    ) -> Result<Box<dyn Draft + 'a>> {
+        let last = queued.then(|| context[context.len() - 1]);
+        let Some(pairs) = self.unread(context)? else {
+            let (out, logits) = self.last_again()?;
+            return self.greedy_chain(out, logits, max, last);
+        };
+        #[cfg(feature = "cuda")]
+        if let Some((block, _)) =
+            self.head
+                .propose_graphed(&pairs.ids, &pairs.states, &mut self.cache, max)?
+        {
+            self.forwards += max;
+            self.mark_read(context, &pairs)?;
+            self.last = None;
+            let spec = self.cache.speculate()?;
+            if queued {
+                let bound = self.head.vocab_size()?;
+                return Ok(Box::new(QueuedDraft {
+                    _spec: spec,
+                    block: crate::nn::DeviceTokens::from_argmax(block, bound),
+                }));
+            }
+            let mut tokens = block.to_vec1::<u32>()?;
+            tokens.remove(0);
+            return Ok(Box::new(Eagle3Chain {
+                _spec: spec,
+                tokens,
+                probs: None,
+            }));
+        }
+        let (out, logits) = self.read(context, pairs)?;
+        self.greedy_chain(out, logits, max, last)
     }
 
     /// Greedy drafts chained on the device: each draft's id is the argmax of the step
@@ -277,6 +369,14 @@ impl Eagle3Drafter {
     }
 }
 
+/// Committed pairs the head's cache lacks: the position of the last (`to`), their token ids
+/// `[t]` and the target's states `[t, fused_width]`.
+struct Pairs {
+    to: usize,
+    ids: Tensor,
+    states: Tensor,
+}
+
 /// Draft-vocabulary logits as target-vocabulary logits (`-inf` where the draft vocabulary
 /// has no id), so that `q` is built over the target's ids as `p` is.
 fn target_row(head: &Eagle3Head, draft_row: &[f32]) -> Result<Vec<f32>> {
@@ -348,6 +448,7 @@ impl Drafter for Eagle3Drafter {
         self.held.clear();
         self.pending = None;
         self.last = None;
+        self.last_pair = None;
         self.forwards = 0;
         Ok(())
     }

@@ -50,6 +50,11 @@ pub struct GenerationRecord {
     /// prefix store instead.
     #[serde(default)]
     pub prefill_tokens_reused: usize,
+    /// CUDA graph steps recorded during the generation (see
+    /// [`crate::nn::recordings_made`]): their recording time is inside its timings.
+    /// 0 off CUDA, without graphs, and once every step it takes is recorded and kept.
+    #[serde(default)]
+    pub graph_recordings: usize,
 }
 
 impl GenerationRecord {

@@ -139,3 +139,24 @@ pub fn engine_section(points: &[SweepPoint], records: &[ResultRecord]) -> String
         .unwrap_or_else(|| format!("{ENGINE_VERDICT}: nothing to compare (no greedy points)."));
     out + "\n" + &verdict + "\n\n"
 }
+
+/// How many CUDA graph steps were recorded inside timed generations (Markdown, one
+/// paragraph); empty when none was. A recording runs its step eagerly, captures and
+/// instantiates it, so the generations that record are slower than the steady state.
+pub fn recordings_section(records: &[ResultRecord]) -> String {
+    let recorded: usize = records.iter().map(|r| r.generation.graph_recordings).sum();
+    if recorded == 0 {
+        return String::new();
+    }
+    let recording = records
+        .iter()
+        .filter(|r| r.generation.graph_recordings > 0)
+        .count();
+    format!(
+        "CUDA graph steps recorded inside timed generations: {recorded}, in {recording} of {} \
+         generations (`graph_recordings` in `results.jsonl`): each point records a step the \
+         first time it takes it on its caches' buffers, and again where a buffer grows or \
+         more kinds of step are live than `engine.graphs_kept` keeps.\n",
+        records.len()
+    )
+}

@@ -13,7 +13,9 @@ mod tree;
 
 pub use answer::{answer, best_points};
 pub use by_prompt::{prompt_markdown, prompt_rows, PromptRow};
-pub use checks::{engine_section, Agreement, ENGINE_VERDICT, SPECULATIVE_VERDICT};
+pub use checks::{
+    engine_section, recordings_section, Agreement, ENGINE_VERDICT, SPECULATIVE_VERDICT,
+};
 pub use prefix::{prefill_section, store_section, store_verdict, turns_section};
 pub use strategy::StrategyCheck;
 pub use table::{csv, markdown, markdown_table};

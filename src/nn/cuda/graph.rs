@@ -85,9 +85,6 @@ struct Recording {
 // thread-safe, and `Graphs` only touches a recording under its mutex.
 unsafe impl Send for Recording {}
 
-/// Recordings kept per model, least recently used dropped first.
-const MAX_RECORDINGS: usize = 16;
-
 /// The recorded steps of one model, per slot (kind of step) and key (the buffers recorded
 /// against).
 #[derive(Default)]
@@ -258,7 +255,9 @@ impl Graphs {
         }
         // Several caches may alternate on one model (the points of an interleaved sweep, a
         // reference decode): keep the most recent recordings rather than one per slot.
-        if inner.recordings.len() >= MAX_RECORDINGS {
+        // (The engine option `graphs_kept`: how many, least recently used dropped first.)
+        let kept = crate::engine::get().graphs_kept.max(1);
+        while inner.recordings.len() >= kept {
             inner.recordings.remove(0);
         }
         let device = candle_core::Device::Cuda(dev.clone());
@@ -301,6 +300,7 @@ impl Graphs {
             }
         }) {
             Ok(graph) => {
+                crate::nn::graphs::count_recording();
                 if let Some(census) = graph.census.filter(|_| census_printed()) {
                     eprintln!("graph of {t} rows: {census:?}");
                 }
