@@ -229,3 +229,18 @@ fn a_run_past_a_models_context_is_refused_naming_prompt_numbers_and_model() {
         assert!(stderr.contains(needle), "{needle:?} missing: {stderr}");
     }
 }
+
+#[test]
+fn graph_recordings_inside_timed_generations_are_reported() {
+    let p = point(None);
+    let mut records: Vec<ResultRecord> = (0..4)
+        .map(|i| record((0, &p), &format!("p{i}"), 0, [0.1, 0.0, 1.0]))
+        .collect();
+    // None recorded (a CPU run, or every step kept): nothing to say.
+    assert_eq!(specdec::experiment::recordings_section(&records), "");
+    records[1].generation.graph_recordings = 3;
+    records[3].generation.graph_recordings = 2;
+    let line = specdec::experiment::recordings_section(&records);
+    assert!(line.contains(": 5, in 2 of 4 generations"), "{line}");
+    assert!(line.contains("graphs_kept"), "{line}");
+}

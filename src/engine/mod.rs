@@ -241,6 +241,12 @@ mod tests {
             ..EngineOptions::default()
         };
         assert!(bad.validate().is_err());
+        let bad = EngineOptions {
+            graphs_kept: 0,
+            ..EngineOptions::default()
+        };
+        let msg = bad.validate().unwrap_err().to_string();
+        assert!(msg.contains("engine.graphs_kept = 0"), "{msg}");
         assert!(EngineOptions::default().validate().is_ok());
     }
 

@@ -47,8 +47,8 @@ pub use load::{check_vocabulary, select_device, LoadedModel};
 pub use output::{default_result_path, ResultDir};
 pub use plot::write_plots;
 pub use report::{
-    csv, markdown, markdown_table, prefill_section, prompt_markdown, prompt_rows, store_section,
-    tree_markdown, turns_section, PromptRow, StrategyCheck,
+    csv, markdown, markdown_table, prefill_section, prompt_markdown, prompt_rows,
+    recordings_section, store_section, tree_markdown, turns_section, PromptRow, StrategyCheck,
 };
 pub use run::{run_experiment, ProcessRank, RunOptions, RunOutcome};
 pub use runner::{Conversations, DraftSource, EncodedPrompt, ResultRecord, Session, SweepObserver};
