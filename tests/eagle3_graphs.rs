@@ -46,19 +46,8 @@ fn greedy_eagle3_with_recorded_head_steps_equals_autoregressive() {
             Arc::new(load_eagle3(&dir, target.num_layers(), target.embedding()).expect("head"));
         let mut drafter =
             Eagle3Drafter::with_confidence("eagle3", Arc::clone(&head), None).expect("drafter");
-        let strategy = RotatingStrategy::Slack { max_draft: 8 };
         for prompt in [tokens(20, 1024, 4), tokens(45, 1024, 5)] {
-            let mut cache = target.new_cache(strategy).expect("cache");
-            let mut rng = StdRng::seed_from_u64(0);
-            let ar = fresh(
-                &target,
-                &mut cache,
-                &prompt,
-                &params(60, 1),
-                Drafting::None,
-                &mut rng,
-            )
-            .expect("autoregressive");
+            let (mut cache, mut rng, ar) = autoregressive(&target, &prompt, &params(60, 1));
             for gamma in [1, 3, 5] {
                 let drafting = Drafting::chain(&mut drafter);
                 let r = fresh(
@@ -99,19 +88,8 @@ fn chained_proposals_draft_what_steps_draft(
         )
         .expect("trained head"),
     );
-    let strategy = RotatingStrategy::Slack { max_draft: 8 };
     for prompt in [tokens(30, 1024, 8), tokens(12, 1024, 9)] {
-        let mut cache = target.new_cache(strategy).expect("cache");
-        let mut rng = StdRng::seed_from_u64(0);
-        let ar = fresh(
-            &target,
-            &mut cache,
-            &prompt,
-            params,
-            Drafting::None,
-            &mut rng,
-        )
-        .expect("autoregressive");
+        let (mut cache, mut rng, ar) = autoregressive(&target, &prompt, params);
         let mut runs = Vec::new();
         for chain_graphs in [true, false] {
             specdec::engine::set(specdec::engine::EngineOptions {
@@ -145,4 +123,23 @@ fn chained_proposals_draft_what_steps_draft(
         );
     }
     specdec::engine::set(options).expect("engine options");
+}
+
+/// A slack-strategy cache of `target`, the generator, and the autoregressive generation after
+/// `prompt` that speculation must reproduce.
+fn autoregressive(
+    target: &specdec::models::Model,
+    prompt: &[u32],
+    params: &GenParams,
+) -> (
+    specdec::cache::ModelCache,
+    StdRng,
+    specdec::speculative::GenerationRecord,
+) {
+    let strategy = RotatingStrategy::Slack { max_draft: 8 };
+    let mut cache = target.new_cache(strategy).expect("cache");
+    let mut rng = StdRng::seed_from_u64(0);
+    let ar = fresh(target, &mut cache, prompt, params, Drafting::None, &mut rng)
+        .expect("autoregressive");
+    (cache, rng, ar)
 }
