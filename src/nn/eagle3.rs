@@ -306,7 +306,7 @@ impl Eagle3Head {
     /// then `steps − 1` more head steps inside the same graph, each fed the output and the
     /// argmax (mapped to a target id) of the step before. Returns `[ids[t − 1], d1..d_steps]`
     /// (the last committed token, then the drafts: the block a verification takes) on the
-    /// device, and the last pair's output `[1, hidden]`. The cache advances by the `t`
+    /// device. The cache advances by the `t`
     /// pairs only: the drafts' K/V, written past its end, are never committed (as a rolled
     /// back speculation's). The same kernels as the step-by-step proposal
     /// ([`Self::forward`] per step, the argmax and `d2t` mapping between them), one launch
@@ -320,7 +320,7 @@ impl Eagle3Head {
         features: &Tensor,
         cache: &mut ModelCache,
         steps: usize,
-    ) -> Result<Option<(Tensor, Tensor)>> {
+    ) -> Result<Option<Tensor>> {
         let candle_core::Device::Cuda(dev) = self.device() else {
             return Ok(None);
         };
@@ -365,7 +365,6 @@ impl Eagle3Head {
             };
             let (out, logits) = self.step(ids, features, true, attend(0))?;
             let mut out = out.narrow(0, t - 1, 1)?;
-            let read = out.clone();
             let mut draft = self.map_to_target(&super::fused::argmax_on_device(&logits)?)?;
             let mut block = vec![ids.narrow(0, t - 1, 1)?, draft.clone()];
             for i in 1..steps {
@@ -374,21 +373,20 @@ impl Eagle3Head {
                 draft = self.map_to_target(&super::fused::argmax_on_device(&logits)?)?;
                 block.push(draft.clone());
             }
-            Ok((Tensor::cat(&block, 0)?, Some(read)))
+            Ok((Tensor::cat(&block, 0)?, None))
         };
         let slot = CHAIN_SLOT + t;
         let ids = super::tokens::StepIds::Device(&tokens);
-        let Some((block, read)) =
+        let Some((block, _)) =
             self.graphs
                 .run(dev, (slot, false), key, ids, &lens, Some(features), chain)?
         else {
             return Ok(None);
         };
         cache.advance(t)?;
-        let read = read.ok_or_else(|| Error::invalid("eagle3: graph step lost its outputs"))?;
         self.chained
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Some((block, read)))
+        Ok(Some(block))
     }
 
     /// Whether a step of `t` pairs over `cache` can replay a graph: graphs on, a cache that

@@ -242,7 +242,7 @@ impl Eagle3Drafter {
             return self.greedy_chain(out, logits, max, last);
         };
         #[cfg(feature = "cuda")]
-        if let Some((block, _)) =
+        if let Some(block) =
             self.head
                 .propose_graphed(&pairs.ids, &pairs.states, &mut self.cache, max)?
         {
