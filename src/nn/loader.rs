@@ -244,7 +244,7 @@ impl Decoder {
         let norm = loader.norm(&format!("{}norm.weight", spec.prefix), hidden, 1.0)?;
         // A rank that never runs the head: the embedding stands in, loading nothing.
         let lm_head = if spec.tie_embeddings || !head {
-            Linear::new(embed.clone(), None)?
+            Linear::shared(embed.clone())?
         } else {
             Linear::new(weights.get(&spec.lm_head, &[vocab, hidden])?, None)?
         };

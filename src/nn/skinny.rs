@@ -111,6 +111,15 @@ impl SkinnyWeight {
         }))
     }
 
+    /// True when this holds the weight in a layout of its own (not the given tensor).
+    pub fn keeps_a_copy(&self) -> bool {
+        match self.stored {
+            #[cfg(target_arch = "x86_64")]
+            Stored::Blocked { .. } => true,
+            Stored::Plain(_) => false,
+        }
+    }
+
     /// True when [`skinny_matmul`] takes `x` against this weight: `[t, in]` with
     /// `MIN_ROWS ≤ t ≤ MAX_ROWS`, f32, contiguous, on the CPU.
     pub fn applies(&self, x: &Tensor) -> bool {
