@@ -341,11 +341,13 @@ fn gemma3_quantized_matches_dequantized() {
     );
 }
 
-/// On the CPU every row of a quantized model's verification block `[token, d1, d2, d3]` gets
-/// bitwise the logits of a one-token step at its position, along a 12-step greedy decode: the
-/// property its greedy speculation's equality with autoregressive decoding rests on (its 8-bit
-/// activations turn any rounding difference into a jump). The dense model's rows differ from
-/// one-token steps by ~1e-5 (one masked attention product over the block), measured here too.
+/// On the CPU every row of a verification block `[token, d1, d2, d3]` gets bitwise the logits
+/// of a one-token step at its position, along a 12-step greedy decode, for the quantized and
+/// the dense (f32) model alike: the property greedy speculation's equality with autoregressive
+/// decoding rests on (a quantized model's 8-bit activations turn any rounding difference into
+/// a jump). Every stage of a forward computes a row independently of the rows beside it: the
+/// few-row products, and the attention (`src/nn/cpu_attention.rs`, each query over exactly
+/// its keys).
 #[test]
 fn smollm2_block_rows_equal_one_token_steps() {
     let Some(path) = common::real::real_model(
@@ -368,7 +370,6 @@ fn smollm2_block_rows_equal_one_token_steps() {
         let mut cache = m.new_cache(RotatingStrategy::Staged).unwrap();
         let last = m.forward_last(&prompt, &mut cache).unwrap();
         let mut token = last.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
-        let mut worst = 0f32;
         for step in 0..12 {
             let drafts = [token, 0, 7, 9];
             let mut copy = cache.deep_clone().unwrap();
@@ -387,18 +388,10 @@ fn smollm2_block_rows_equal_one_token_steps() {
                     .unwrap()
                     .to_scalar::<f32>()
                     .unwrap();
-                if quantized {
-                    assert_eq!(diff, 0.0, "quantized: step {step}, row {r}");
-                } else {
-                    worst = worst.max(diff);
-                }
+                assert_eq!(diff, 0.0, "quantized {quantized}: step {step}, row {r}");
             }
             let one = m.forward_last(&[token], &mut cache).unwrap();
             token = one.argmax(1).unwrap().to_vec1::<u32>().unwrap()[0];
-        }
-        if !quantized {
-            eprintln!("dense: block rows differ from one-token steps by at most {worst:e}");
-            assert!(worst < 1e-3, "dense block rows differ by {worst}");
         }
     }
 }

@@ -8,7 +8,8 @@ use crate::error::Result;
 
 /// Attention of the newest `t` queries `q: [1, h, t, d]` over the cache views `k`, `v:
 /// [1, kv, len, d]` (causal, optionally within a sliding `window`), as `[t, h * d]`, read
-/// in place by the CUDA split kernel. `None` off CUDA or for shapes it does not cover.
+/// in place by the CUDA split kernel, or on the CPU in f32 by [`super::cpu_attention`].
+/// `None` elsewhere or for shapes they do not cover.
 pub fn split_attention(
     q: &Tensor,
     k: &Tensor,
@@ -27,16 +28,16 @@ pub fn split_attention(
         };
         return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }
-    let _ = (q, k, v, window, softcap);
-    Ok(None)
+    let keys = super::cpu_attention::Keys::Suffix { window };
+    super::cpu_attention::attention(q, k, v, keys, softcap)
 }
 
 /// Attention of the newest `t` queries `q: [1, h, t, d]` (positions `end - t ..= end - 1`)
 /// over a sliding-window ring `k`, `v: [1, kv, capacity, d]` read in place (position `p` in
 /// slot `p % capacity`; positions below `lo` stale), each query seeing the `window`
 /// positions up to its own, as `[t, h * d]`: the split kernel with the visibility computed
-/// from positions (no mask, no copy of the ring). `None` off CUDA or for shapes it does not
-/// cover.
+/// from positions (no mask, no copy of the ring); on the CPU in f32 by
+/// [`super::cpu_attention`]. `None` elsewhere or for shapes they do not cover.
 pub fn ring_attention(
     q: &Tensor,
     (k, v): (&Tensor, &Tensor),
@@ -58,8 +59,8 @@ pub fn ring_attention(
         };
         return Ok(Some(made(q.apply_op3_no_bwd(k, v, &op)?)));
     }
-    let _ = (q, k, v, end, lo, window, softcap);
-    Ok(None)
+    let keys = super::cpu_attention::Keys::Ring { end, lo, window };
+    super::cpu_attention::attention(q, k, v, keys, softcap)
 }
 
 /// `t`, a tensor one of our CUDA ops just made, kept alive while a graph records (its free
@@ -72,8 +73,9 @@ pub(crate) fn made(t: Tensor) -> Tensor {
 
 /// Attention of a long block of queries `q: [1, h, t, d]` that are the newest positions of
 /// the keys `k`, `v: [1, kv, len, d]` (causal, optionally within a sliding `window`), as
-/// `[t, h * d]`, by the CUDA flash kernel (bf16 / f16): no scores in memory. `None` off
-/// CUDA, in f32 or for shapes it does not cover.
+/// `[t, h * d]`, by the CUDA flash kernel (bf16 / f16), or on the CPU in f32 by
+/// [`super::cpu_attention`]: no scores in memory. `None` elsewhere or for shapes they do not
+/// cover.
 pub fn flash_attention(
     q: &Tensor,
     k: &Tensor,
@@ -86,8 +88,8 @@ pub fn flash_attention(
         let op = super::cuda::FlashAttention { window, softcap };
         return Ok(Some(q.apply_op3_no_bwd(k, v, &op)?));
     }
-    let _ = (q, k, v, window, softcap);
-    Ok(None)
+    let keys = super::cpu_attention::Keys::Suffix { window };
+    super::cpu_attention::attention(q, k, v, keys, softcap)
 }
 
 /// True when `device` has specdec's own kernels (CUDA in a `cuda` build).
@@ -288,6 +290,10 @@ pub fn gelu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
 /// (`g / (1 + exp(-g))`, then the product, each rounded to f32), so bitwise its ops' result.
 struct CpuSiluMul;
 
+/// Elements from which [`CpuSiluMul`] splits its rows across threads (a decode or
+/// verification block stays on one).
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+
 impl candle_core::CustomOp1 for CpuSiluMul {
     fn name(&self) -> &'static str {
         "silu-mul-cpu"
@@ -304,14 +310,23 @@ impl candle_core::CustomOp1 for CpuSiluMul {
         let (t, width) = l.shape().dims2()?;
         let inter = width / 2;
         let x = &x[a..b];
-        let mut out = Vec::with_capacity(t * inter);
-        for row in x.chunks_exact(width) {
-            let (gate, up) = row.split_at(inter);
-            out.extend(
-                gate.iter()
-                    .zip(up)
-                    .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u),
-            );
+        let mut out = vec![0f32; t * inter];
+        let row = |(x, out): (&[f32], &mut [f32])| {
+            let (gate, up) = x.split_at(inter);
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                *o = g / (1.0 + (-g).exp()) * u;
+            }
+        };
+        // A prefill's rows across the pool's threads (each row is the same arithmetic).
+        if t * inter >= PARALLEL_MIN_ELEMENTS {
+            use rayon::prelude::*;
+            x.par_chunks_exact(width)
+                .zip(out.par_chunks_exact_mut(inter))
+                .for_each(row);
+        } else {
+            x.chunks_exact(width)
+                .zip(out.chunks_exact_mut(inter))
+                .for_each(row);
         }
         Ok((candle_core::CpuStorage::F32(out), (t, inter).into()))
     }

@@ -7,6 +7,7 @@
 mod attention;
 mod block;
 mod clock;
+mod cpu_attention;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod eagle3;
