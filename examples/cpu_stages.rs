@@ -3,7 +3,7 @@
 //! head. Each kind runs 2,000 times after a prompt (inside a speculation that rolls back, so
 //! every forward sees the same cache), once plain and once with the stage marks, twice over.
 //!
-//! `cargo run --release --example cpu_stages -- [MODEL (models/target)] [CONTEXT (128)] [forwards (2000)]`
+//! `cargo run --release --example cpu_stages -- [MODEL (models/target)] [CONTEXT (128)] [forwards (2000)] [ROWS (1,5)]`
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -22,6 +22,13 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(s) => s.parse().map_err(|e| format!("forwards {s:?}: {e}"))?,
         None => 2000,
     };
+    let rows: Vec<usize> = match args.next() {
+        Some(s) => s
+            .split(',')
+            .map(|r| r.parse().map_err(|e| format!("ROWS {s:?}: {e}")))
+            .collect::<Result<_, _>>()?,
+        None => vec![1, 5],
+    };
     specdec::nn::on_cpu_pool(|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let model = Model::load(&dir, &LoadOptions::default())?;
         let vocab = model.info().vocab_size;
@@ -34,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "{} after {context} tokens, {forwards} forwards a row",
             dir.display()
         );
-        for len in [1usize, 5, 1, 5] {
+        for len in rows.iter().chain(&rows).copied() {
             for marked in [false, true] {
                 profile::enable(marked);
                 let start = Instant::now();

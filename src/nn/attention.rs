@@ -309,9 +309,8 @@ impl Attention {
             }
             // Quantized layers round their inputs to 8 bits, which turns the ~1e-5 by which
             // one masked product over a block differs from one-token steps into different
-            // tokens; dense layers keep the one product (row by row costs a verification
-            // 1.65 instead of 1.46 decode steps on SmolLM2 at 128 tokens, 2.23 instead of
-            // 1.47 at 1,024, on the 2-core CPU).
+            // tokens: on the CPU outside the f32 kernel above (another dtype), their rows run
+            // one at a time; dense layers keep the one product.
             if window.is_none()
                 && self.is_quantized()
                 && q.device().is_cpu()

@@ -60,9 +60,10 @@ struct CpuAttention {
 }
 
 /// Work (query rows × keys × head width, summed over heads) below which a block stays on
-/// one thread: a decode step's attention over a few hundred keys costs less than handing it
-/// out.
-const PARALLEL_MIN_WORK: usize = 1 << 18;
+/// one thread. A decode step's attention is split too: left on one thread between two
+/// parallel products, it let the pool's other thread fall asleep, and waking it cost SmolLM2's
+/// decode step 14 → 17–18 ms (docs/kernel-notes.md).
+const PARALLEL_MIN_WORK: usize = 1 << 12;
 
 /// An operand's elements and its `[1, heads, rows, d]` strides of heads and rows.
 struct Operand<'a> {
