@@ -36,26 +36,21 @@ pub struct QuantizedPart {
 impl Linear {
     /// A layer from a `[out, in]` weight and an optional `[out]` bias.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let skinny = super::skinny::SkinnyWeight::new(&weight)?;
+        let mut layer = Self::shared(weight)?;
         // Where the few-row kernel keeps a copy of its own, `weight` serves only blocks of
         // more rows (prefills), through candle's matmul, which runs 1.1–2.5× faster against
         // an `[in, out]` weight than against the transposed view of an `[out, in]` one
         // (docs/kernel-notes.md): the same values, stored transposed, handed out as an
         // `[out, in]` view.
-        let weight = match &skinny {
-            Some(s) if s.keeps_a_copy() => weight.t()?.contiguous()?.t()?,
-            _ => weight,
-        };
-        Ok(Self {
-            skinny,
-            weight,
-            bias,
-            quantized: None,
-        })
+        if layer.skinny.as_ref().is_some_and(|s| s.keeps_a_copy()) {
+            layer.weight = layer.weight.t()?.contiguous()?.t()?;
+        }
+        layer.bias = bias;
+        Ok(layer)
     }
 
-    /// As [`Self::new`], for a weight another part of the model holds too (tied embeddings):
-    /// stored as given, so both keep sharing it.
+    /// As [`Self::new`] without a bias, for a weight another part of the model holds too
+    /// (tied embeddings): stored as given, so both keep sharing it.
     pub fn shared(weight: Tensor) -> Result<Self> {
         Ok(Self {
             skinny: super::skinny::SkinnyWeight::new(&weight)?,
