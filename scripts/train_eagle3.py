@@ -103,6 +103,7 @@ import collections
 import contextlib
 import copy
 import glob
+import gzip
 import importlib.metadata
 import json
 import math
@@ -447,6 +448,96 @@ def no_eos_config(target):
     return gc
 
 
+# Long-context requests (--context-prompts) built from the target's own answers: the shapes of
+# Spec-Bench's summarization, extraction and retrieval-augmented questions (a long passage, then a
+# task over it) without any of their text. Wording written here.
+CONTEXT_TEMPLATES = {
+    "summarize": ["Summarize the following text in a few sentences.\n\n{doc}",
+                  "Write a concise summary of the article below.\n\n{doc}",
+                  "{doc}\n\nSummarize the text above in one paragraph.",
+                  "Give a brief summary of the main ideas in this passage:\n\n{doc}"],
+    "key points": ["Read the following text and list its key points.\n\n{doc}",
+                   "{doc}\n\nWhat are the most important facts mentioned in the text above?",
+                   "Extract the main facts from the passage below as a bulleted list.\n\nPassage:\n{doc}"],
+    "passage question": ["Answer the question using the passage below.\n\nPassage:\n{doc}\n\nQuestion: {q}",
+                         "{doc}\n\nBased on the text above, respond to this request: {q}",
+                         "Context:\n{doc}\n\nUsing only the context, respond to the following: {q}"],
+    "documents question": ["Use the documents below to answer the question.\n\n{docs}\n\nQuestion: {q}",
+                           "{docs}\n\nAnswer using the information in the documents above: {q}",
+                           "Here are some retrieved passages:\n\n{docs}\n\nWith their help, answer: {q}"],
+}
+
+
+def context_requests(data, questions, hf_tok, eos_id, n, rng, min_doc_tokens=64):
+    """n long-context user requests (text, kind): passages are the generated answers of `data`'s rows
+    (decoded up to their first EOS, at least min_doc_tokens long); a question is the request that
+    produced one of them (`questions[row]`). A "documents question" holds 2-3 answers, the one to its
+    question among them at a random place. Kinds in equal shares."""
+    docs = []
+    for r in range(data["ids"].shape[0]):
+        p0, v = int(data["plen"][r]), int(data["valid"][r])
+        row = data["ids"][r, p0:v].tolist()
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        if len(row) >= min_doc_tokens:
+            docs.append((r, hf_tok.decode(row, skip_special_tokens=True).strip()))
+    assert len(docs) >= 3, f"only {len(docs)} generated answers of >= {min_doc_tokens} tokens to build passages from"
+    kinds = list(CONTEXT_TEMPLATES)
+    out = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        tpl = rng.choice(CONTEXT_TEMPLATES[kind])
+        r, doc = rng.choice(docs)
+        if kind == "documents question":
+            picked = [doc] + [rng.choice(docs)[1] for _ in range(rng.randint(1, 2))]
+            rng.shuffle(picked)
+            body = "\n\n".join(f"Document {k + 1}:\n{d}" for k, d in enumerate(picked))
+            out.append((tpl.format(docs=body, q=questions[r]), kind))
+        else:
+            out.append((tpl.format(doc=doc, q=questions[r]), kind))
+    return out
+
+
+def widen(t, L):
+    """[N, l, ...] -> [N, L, ...], zeros after column l (ids 0, masks False: out of the loss)."""
+    if t.shape[1] >= L:
+        return t
+    z = t.new_zeros((t.shape[0], L) + tuple(t.shape[2:]))
+    z[:, :t.shape[1]] = t
+    return z
+
+
+def concat_sets(a, b):
+    """b's rows after a's; per-position tensors right-padded to the wider set's length."""
+    L = max(a["ids"].shape[1], b["ids"].shape[1])
+    out = {}
+    for k, v in a.items():
+        w = b.get(k)
+        if v is None or w is None:
+            assert v is None and w is None, f"set field {k}: present in one set only"
+            out[k] = None
+        elif isinstance(v, list):
+            out[k] = v + w
+        elif v.dim() >= 2:
+            out[k] = torch.cat([widen(v, L), widen(w, L)])
+        else:
+            out[k] = torch.cat([v, w])
+    return out
+
+
+def length_batches(perm, valid, bs, gen):
+    """perm regrouped so that each batch of bs holds rows of similar kept length (a set mixing short
+    and long rows: each batch is cut to its longest row): runs of 32 batches sorted by length, then
+    the batches shuffled. Every row still comes once per epoch."""
+    batches = []
+    for i in range(0, len(perm), 32 * bs):
+        run = perm[i:i + 32 * bs]
+        run = run[torch.sort(valid[run], stable=True).indices]
+        batches += [run[j:j + bs] for j in range(0, len(run) - bs + 1, bs)]
+    order = torch.randperm(len(batches), generator=gen)
+    return torch.cat([batches[k] for k in order]) if batches else perm[:0]
+
+
 @torch.no_grad()
 def self_prompts(target, hf_tok, tok, n, max_tokens, batch, device, seed, eos_id, max_seconds):
     """Up to n user requests written by the target itself (Magpie, Xu et al. 2024: an instruction model
@@ -738,10 +829,11 @@ class Features:
         self.base = target.get_base_model() if hasattr(target, "get_base_model") else target.model
 
     @torch.no_grad()
-    def __call__(self, data, rows):
+    def __call__(self, data, rows, L=None):
         if data["feats"] is not None:
-            return data["feats"][rows].to(self.device).float(), data["fin"][rows].to(self.device).float()
-        ids = data["ids"][rows].to(self.device)
+            return (data["feats"][rows, :L].to(self.device).float(),
+                    data["fin"][rows, :L].to(self.device).float())
+        ids = data["ids"][rows, :L].to(self.device)
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             with StateCapture(self.target, self.layers, torch.float32) as cap:
                 self.base(input_ids=ids, use_cache=False)
@@ -749,10 +841,13 @@ class Features:
 
 
 def iterate(data, idx, bs, device, features):
+    """Batches of bs rows of idx, each cut to its longest kept row (what follows is out of the loss)."""
     for i in range(0, len(idx) - bs + 1, bs):
         b = idx[i:i + bs]
-        f, fi = features(data, b)
-        yield f, fi, data["ids"][b].to(device), data["mask"][b].to(device), data["targmax"][b].to(device)
+        L = int(data["valid"][b].max())
+        f, fi = features(data, b, L)
+        yield (f, fi, data["ids"][b, :L].to(device), data["mask"][b, :L].to(device),
+               data["targmax"][b, :L].to(device))
 
 
 @torch.no_grad()
@@ -1030,6 +1125,17 @@ def main():
                     help="with --chat-template: add up to N user requests written by the target itself (Magpie)")
     ap.add_argument("--self-prompt-tokens", type=int, default=96, help="longest self-written request, in tokens")
     ap.add_argument("--self-prompt-seconds", type=float, default=120.0, help="time budget of the self-written requests")
+    ap.add_argument("--extra-prompts", default=None,
+                    help="JSON lines (.gz too) of more training requests, after --prompts-jsonl's (none held out): "
+                         "e.g. the self-written requests an earlier run kept")
+    ap.add_argument("--context-prompts", type=int, default=0,
+                    help="long-context requests built from the generated answers (summaries, key points, questions "
+                         "over one passage or several), generated after the main set (needs --chat-template)")
+    ap.add_argument("--context-seq-len", type=int, default=1024, help="prompt + generation tokens of a long-context row")
+    ap.add_argument("--context-min-gen", type=int, default=160,
+                    help="long-context requests leave at least this many tokens of --context-seq-len to generate")
+    ap.add_argument("--context-gen-batch", type=int, default=256)
+    ap.add_argument("--context-seconds", type=float, default=None, help="time budget of the long-context generation")
     ap.add_argument("--data-out", default=None,
                     help="save the generated training set (token ids, recorded states, masks) to this file")
     ap.add_argument("--recompute-features", action="store_true",
@@ -1154,6 +1260,13 @@ def main():
             k = min(args.heldout_prompts, len(texts) // 2)
             texts, held_chat = texts[:len(texts) - k], texts[len(texts) - k:]
             categories = categories[:len(texts)]
+        if chat and args.extra_prompts:  # after the file's prompts and its held-out split
+            opener = gzip.open if args.extra_prompts.endswith(".gz") else open
+            with opener(args.extra_prompts, "rt") as fh:
+                extra = [json.loads(line) for line in fh if line.strip()]
+            texts += [(str(d.get("id", f"extra-{i}")), d.get("text", d.get("prompt"))) for i, d in enumerate(extra)]
+            categories += [d.get("category") for d in extra]
+            log(f"{len(extra)} more training prompts from {args.extra_prompts}")
         if chat and args.self_prompts:  # after the file's prompts, so --num-seqs reaches them last
             t0 = time.time()
             own, n_runs = self_prompts(target, hf_tok, tok, args.self_prompts, args.self_prompt_tokens,
@@ -1193,8 +1306,8 @@ def main():
     log(f"checked {len(ev_texts)} evaluation prompts of {len(eval_files)} files: none occurs in the training text")
     if chat:  # the other direction too: no training prompt equals or is contained in an evaluation prompt
         norm_ = lambda x: re.sub(r"\s+", " ", x).strip().lower()  # noqa: E731
-        evn = [norm_(t) for _, t in ev_texts]
-        inside = [t for _, t in train_files + held_chat if any(norm_(t) in e for e in evn)]
+        evn = "\x00".join(norm_(t) for _, t in ev_texts)  # one haystack: no normalized text holds \x00
+        inside = [t for _, t in train_files + held_chat if norm_(t) in evn]
         assert not inside, f"training prompts equal to or contained in an evaluation prompt: {inside[:5]}"
         log(f"checked {len(train_files) + len(held_chat)} chat prompts: none equals or is contained in an "
             f"evaluation prompt (case- and whitespace-insensitive)")
@@ -1241,10 +1354,43 @@ def main():
     # each sequence's prompt category (kept with a saved set, whose prompt lists are not)
     train["cats"] = [str(categories[k]) for k in train["prompt_idx"]] if chat and any(categories) \
         else ["-"] * train["ids"].shape[0]
+    questions = [train_files[k][1] for k in train["prompt_idx"]] if chat else None
     del train["prompt_idx"]
+    ctx_info = None  # the long-context requests: how many were built, kept, generated, their lengths
+    if args.context_prompts:
+        assert chat, "--context-prompts needs --prompts-jsonl with --chat-template"
+        t1 = time.time()
+        reqs = context_requests(train, questions, hf_tok, eos_id, args.context_prompts, rng)
+        room = args.context_seq_len - args.context_min_gen
+        kept = [(ids_, t, kind) for t, kind in reqs for ids_ in [chat_ids(t)] if len(ids_) <= room]
+        assert kept, f"no long-context request fits {room} tokens (--context-seq-len - --context-min-gen)"
+        bad = check_disjoint([t for _, t, _ in kept], ev_texts)
+        assert not bad, f"evaluation prompts occur verbatim in the long-context requests: {bad[:5]}"
+        inside = [t for _, t, _ in kept if norm_(t) in evn]
+        assert not inside, f"long-context requests contained in an evaluation prompt: {inside[:2]}"
+        saved = args.seq_len, args.gen_batch
+        args.seq_len, args.gen_batch = args.context_seq_len, args.context_gen_batch
+        ctx = build_set(target, None, len(kept), args, rng, device, eos_id, layers, cdt,
+                        prompts=[x[0] for x in kept], max_seconds=args.context_seconds)
+        args.seq_len, args.gen_batch = saved
+        ctx["cats"] = [f"context: {kept[k][2]}" for k in ctx["prompt_idx"]]
+        del ctx["prompt_idx"]
+        pl = [len(x[0]) for x in kept]
+        ctx_info = {"requests": len(reqs), "kept": len(kept), "seqs": int(ctx["ids"].shape[0]),
+                    "prompt_tokens": [min(pl), max(pl), sum(pl) / len(pl)], "seq_len": args.context_seq_len,
+                    "min_gen": args.context_min_gen, "gen_batch": args.context_gen_batch,
+                    "tokens": int(ctx["valid"].sum()), "generated": int(ctx["mask"].sum()),
+                    "sampled": int(ctx["sampled"].sum()), "seconds": time.time() - t1,
+                    "budget": args.context_seconds}
+        log(f"long-context requests: {len(kept)} of {len(reqs)} fit {room} tokens ({min(pl)}-{max(pl)}, mean "
+            f"{sum(pl) / len(pl):.0f}); generated {ctx_info['seqs']} sequences of up to {args.context_seq_len} tokens "
+            f"in {ctx_info['seconds']:.0f}s; every request checked disjoint from the evaluation prompts")
+        train = concat_sets(train, ctx)
+        t_gen += ctx_info["seconds"]
     if args.data_out:
         torch.save({"set": train, "layers": layers, "seq_len": args.seq_len, "target": args.target,
-                    "command": command_args(), "seconds": t_gen, "self_prompts": self_info}, args.data_out)
+                    "command": command_args(), "seconds": t_gen, "self_prompts": self_info,
+                    "context": ctx_info}, args.data_out)
         log(f"saved the generated set to {args.data_out}")
     if args.gen_only:
         log(f"--gen-only: total {time.time() - t_start:.0f}s")
@@ -1258,10 +1404,9 @@ def main():
         if d["set"]["feats"] is None or train["feats"] is None:
             assert args.recompute_features, f"{path} holds no recorded states: train on it with --recompute-features"
             d["set"]["feats"] = d["set"]["fin"] = None
-        for k, v in d["set"].items():
-            if v is not None:
-                train[k] = train[k] + v if isinstance(v, list) else torch.cat([train[k], v])
+        train = concat_sets(train, d["set"])
         self_info = self_info or d.get("self_prompts")
+        ctx_info = ctx_info or d.get("context")
         t_gen += d.get("seconds", 0.0)
         loaded.append((path, d["set"]["ids"].shape[0], " ".join(d["command"])))
         gen_args = vars(ap.parse_args(d["command"])) if args.num_seqs == 0 and len(loaded) == 1 else None
@@ -1274,7 +1419,7 @@ def main():
                      layers, torch.float32, prompts=held_prompts) if (held_streams or held_prompts) else None
     n_gen = int(train["mask"].sum())
     ntok = int(train["valid"].sum())
-    log(f"data: {train['ids'].shape[0]} sequences of up to {args.seq_len} tokens ({ntok} tokens, {n_gen} in the loss, "
+    log(f"data: {train['ids'].shape[0]} sequences of up to {train['ids'].shape[1]} tokens ({ntok} tokens, {n_gen} in the loss, "
         f"{int(train['sampled'].sum())} sequences sampled at T=1), generation {t_gen:.0f}s "
         + (f"(states cached in {cdt}, max |h| {mx:.1f})" if train["feats"] is not None
            else "(states recomputed by each batch's target forward)"))
@@ -1345,6 +1490,8 @@ def main():
     head.train()
     while step < total:
         perm = torch.randperm(N, generator=gen)
+        if train["ids"].shape[1] > args.seq_len:  # long-context rows in the set
+            perm = length_batches(perm, train["valid"], args.batch, gen)
         for f, fi, ids, m, tam in iterate(train, perm, args.batch, device, features):
             if step >= total:
                 break
@@ -1444,7 +1591,7 @@ def main():
            "train_categories": dict(sorted(collections.Counter(train["cats"]).items()))
            if chat and any(categories) else None,
            "loaded": loaded,
-           "self_prompts": self_info, "command": command_args(),
+           "self_prompts": self_info, "context": ctx_info, "command": command_args(),
            "held_seqs": held["ids"].shape[0] if held is not None else 0}
     if args.metrics_json:
         with open(args.metrics_json, "w") as fh:
@@ -1541,6 +1688,26 @@ def write_report(args, r):
             w("distinct requests of at least 16 characters, those equal to a file prompt or meeting an evaluation prompt")
             w(f"(either contained in the other) were dropped ({sp['batches']} batches of {sp['batch']}, {sp['seconds']:.0f} s).")
             w("They follow the file's prompts in the training list.")
+            w("")
+        if a.get("extra_prompts") or g.get("extra_prompts"):
+            ep = a.get("extra_prompts") or g.get("extra_prompts")
+            w(f"More training requests (`--extra-prompts {ep}`) follow the file's prompts in the training list")
+            w("(their categories are counted above).")
+            w("")
+        cx = r.get("context")
+        if cx:
+            pt_ = cx["prompt_tokens"]
+            w(f"Long-context requests (`--context-prompts {cx['requests']}`): after the set below was generated, its")
+            w("generated answers (up to their first EOS, at least 64 tokens) became passages of requests in the shapes")
+            w("of Spec-Bench's summarization, extraction and retrieval questions, wording written in the script")
+            w("(`CONTEXT_TEMPLATES`): a summary or the key points of one answer, a question over one answer (the request")
+            w("that produced it), or that question over 2-3 answers, its own among them. Of those,")
+            w(f"{cx['kept']} fit {cx['seq_len'] - cx['min_gen']} tokens through the chat template ({pt_[0]}-{pt_[1]}, mean {pt_[2]:.0f});")
+            w(f"none contains or is contained in an evaluation prompt. In batches of {cx['gen_batch']}, each continued to")
+            w(f"{cx['seq_len']} tokens minus the batch's longest prompt, the target generated {cx['seqs']} sequences")
+            w(f"({cx['sampled']} sampled at T=1; {cx['tokens']:,} tokens, {cx['generated']:,} in the loss) in {cx['seconds']:.0f} s"
+              + (f" (budget {cx['budget']:.0f} s)" if cx.get("budget") else "") + ". Training batches group rows of similar")
+            w("length (runs of 32 batches sorted by kept length), each cut to its longest row.")
             w("")
         w(f"Prompts: the instructions of {r['src']}, each one user turn rendered through the target's own chat")
         w("template (its default system message included, generation prompt appended; encoded without added")
