@@ -144,8 +144,23 @@ impl CustomOp3 for CpuAttention {
             let (first, last) = span(i);
             let kvh = head / group;
             let query = q.row(head, i, d);
-            let key = |p: usize| k.row(kvh, p % wrap, d);
-            let value = |p: usize| v.row(kvh, p % wrap, d);
+            // Row of position `p ≥ first`: the span is at most a ring's length, so it wraps at
+            // most once past `base` (no division per position).
+            let base = if wrap == usize::MAX {
+                0
+            } else {
+                first / wrap * wrap
+            };
+            let slot = move |p: usize| {
+                let s = p - base;
+                if s >= wrap {
+                    s - wrap
+                } else {
+                    s
+                }
+            };
+            let key = |p: usize| k.row(kvh, slot(p), d);
+            let value = |p: usize| v.row(kvh, slot(p), d);
             let positions = first..=last;
             #[cfg(target_arch = "x86_64")]
             if wide {
@@ -217,13 +232,21 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     (l4[0] + l4[2]) + (l4[1] + l4[3])
 }
 
-/// The kernel for AVX-512F CPUs and a head width that is a multiple of 16: the dot products
-/// in 512-bit registers.
+/// The kernel for AVX-512F CPUs and a head width that is a multiple of 16, up to 256.
+///
+/// Per query, the contract that keeps a row independent of its block: the visible positions
+/// `first ..= last` are taken in blocks of 16 from `first`; each score is `Σ_c q_c · k_c`
+/// over the head width's 16-lane chunks in order (fused multiply-adds), its lanes summed by
+/// one butterfly ([`hsum16`]); the softmax's exponentials are [`exp`]'s, summed lane-wise
+/// over the blocks and then across lanes; the values are summed with fused multiply-adds in
+/// two interleaved sets (positions `first + 2i` and `first + 2i + 1`), added at the end.
+/// Every step depends only on the query, its keys and `first`, never on the rows beside it.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// [`super::query_row`] with [`dot`], compiled for AVX-512F.
+    /// One query over the keys at `positions` (see the module contract); `N = d / 16`, up to
+    /// 16. Falls back to [`super::query_row`] with an AVX-512 dot product for other widths.
     #[target_feature(enable = "avx512f")]
     pub(super) fn query_row<'a>(
         query: &[f32],
@@ -234,20 +257,232 @@ mod avx512 {
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
+        macro_rules! width {
+            ($($n:literal)*) => {
+                match query.len() / 16 {
+                    $($n => return chunks::<$n>(query, positions, &key, &value, softcap, scores, out),)*
+                    _ => {}
+                }
+            };
+        }
+        width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
         let dot = |a: &[f32], b: &[f32]| dot(a, b);
         super::query_row(query, positions, key, value, dot, softcap, scores, out)
     }
 
-    /// `a · b` for equal lengths that are multiples of 16.
+    /// [`query_row`] for a head width of `N` 16-lane chunks.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    fn chunks<'a, const N: usize>(
+        query: &[f32],
+        positions: std::ops::RangeInclusive<usize>,
+        key: &impl Fn(usize) -> &'a [f32],
+        value: &impl Fn(usize) -> &'a [f32],
+        softcap: Option<f32>,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let (first, last) = (*positions.start(), *positions.end());
+        let len = last + 1 - first;
+        let blocks = len.div_ceil(16);
+        scores.clear();
+        scores.resize(blocks * 16, 0.0);
+        let q: [__m512; N] = std::array::from_fn(|c| load(&query[c * 16..]));
+        // Scores, 16 positions a block; padding lanes -inf.
+        let mut top = _mm512_set1_ps(f32::NEG_INFINITY);
+        for b in 0..blocks {
+            let p0 = first + 16 * b;
+            let valid = (len - 16 * b).min(16);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            for (slot, acc) in acc.iter_mut().enumerate() {
+                // Slot `4k + j` lands in lane `4j + k` of `hsum16`'s result.
+                let lane = 4 * (slot % 4) + slot / 4;
+                if lane < valid {
+                    let k = key(p0 + lane);
+                    let mut sum = _mm512_mul_ps(q[0], load(k));
+                    for (c, q) in q.iter().enumerate().skip(1) {
+                        sum = _mm512_fmadd_ps(*q, load(&k[c * 16..]), sum);
+                    }
+                    *acc = sum;
+                }
+            }
+            let mut s = hsum16(acc);
+            if let Some(cap) = softcap {
+                let mut lanes = [0f32; 16];
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+                lanes.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
+                s = load(&lanes);
+            }
+            let mask: __mmask16 = if valid == 16 { !0 } else { (1 << valid) - 1 };
+            s = _mm512_mask_blend_ps(mask, _mm512_set1_ps(f32::NEG_INFINITY), s);
+            top = _mm512_max_ps(top, s);
+            // SAFETY: block `b` of `scores` holds 16 floats.
+            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), s) };
+        }
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        // Weights exp(s - max) in place, padding 0; their sum lane-wise, then across lanes.
+        let mut total = _mm512_setzero_ps();
+        for b in 0..blocks {
+            let valid = (len - 16 * b).min(16);
+            let mask: __mmask16 = if valid == 16 { !0 } else { (1 << valid) - 1 };
+            let e = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(load(&scores[16 * b..]), max)));
+            total = _mm512_add_ps(total, e);
+            // SAFETY: block `b` of `scores` holds 16 floats.
+            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), e) };
+        }
+        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(total));
+        // Values: positions first + 2i into `even`, first + 2i + 1 into `odd`.
+        let mut even = [_mm512_setzero_ps(); N];
+        let mut odd = [_mm512_setzero_ps(); N];
+        let weights = &scores[..len];
+        let mut pairs = weights.chunks_exact(2);
+        for (i, w) in pairs.by_ref().enumerate() {
+            let (v0, v1) = (value(first + 2 * i), value(first + 2 * i + 1));
+            let (e0, e1) = (_mm512_set1_ps(w[0]), _mm512_set1_ps(w[1]));
+            for c in 0..N {
+                even[c] = _mm512_fmadd_ps(e0, load(&v0[c * 16..]), even[c]);
+                odd[c] = _mm512_fmadd_ps(e1, load(&v1[c * 16..]), odd[c]);
+            }
+        }
+        if let [w] = pairs.remainder() {
+            let v0 = value(last);
+            let e0 = _mm512_set1_ps(*w);
+            for c in 0..N {
+                even[c] = _mm512_fmadd_ps(e0, load(&v0[c * 16..]), even[c]);
+            }
+        }
+        for c in 0..N {
+            let o = _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), inv);
+            // SAFETY: `out` holds `16 N` floats (the head width).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), o) };
+        }
+    }
+
+    /// The first 16 floats of `x`.
+    #[inline(always)]
+    fn load(x: &[f32]) -> __m512 {
+        assert!(x.len() >= 16);
+        // SAFETY: 16 floats are in bounds (asserted); AVX-512F in every caller.
+        unsafe { _mm512_loadu_ps(x.as_ptr()) }
+    }
+
+    /// Lane `l` of the result is the sum of the lanes of `v[4 (l % 4) + l / 4]`, each summed by
+    /// the same tree: lanes `i` and `i + 8`, then 4, 2 and 1 apart.
+    #[inline(always)]
+    fn hsum16(v: [__m512; 16]) -> __m512 {
+        // SAFETY (all): AVX-512F in every caller.
+        unsafe {
+            let u: [__m512; 8] = std::array::from_fn(|i| {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x44>(a, b),
+                    _mm512_shuffle_f32x4::<0xEE>(a, b),
+                )
+            });
+            let w: [__m512; 4] = std::array::from_fn(|i| {
+                let (a, b) = (u[2 * i], u[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(a, b),
+                    _mm512_shuffle_f32x4::<0xDD>(a, b),
+                )
+            });
+            let z: [__m512; 2] = std::array::from_fn(|i| {
+                let (a, b) = (w[2 * i], w[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_ps::<0x44>(a, b),
+                    _mm512_shuffle_ps::<0xEE>(a, b),
+                )
+            });
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x88>(z[0], z[1]),
+                _mm512_shuffle_ps::<0xDD>(z[0], z[1]),
+            )
+        }
+    }
+
+    /// `e^x` for `x ≤ 0` (a softmax's shifted scores): Cephes' `expf` (the exponent split off
+    /// as `n ln 2`, a degree-7 polynomial of the rest), `2^n` applied by `scalef`; within 2
+    /// ulp of the exact value, 0 below -104.
+    #[inline(always)]
+    fn exp(x: __m512) -> __m512 {
+        // SAFETY (all): AVX-512F in every caller.
+        unsafe {
+            let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+            let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+            let mut p = _mm512_set1_ps(1.987_569_1e-4);
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                0.166_666_65,
+                0.5,
+            ] {
+                p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+            }
+            let p = _mm512_fmadd_ps(
+                p,
+                _mm512_mul_ps(r, r),
+                _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+            );
+            _mm512_scalef_ps(p, n)
+        }
+    }
+
+    /// `a · b` for equal lengths that are multiples of 16 (widths past [`query_row`]'s).
     #[target_feature(enable = "avx512f")]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut acc = _mm512_setzero_ps();
         for (a, b) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
-            // SAFETY: each chunk holds 16 floats.
-            let (x, y) = unsafe { (_mm512_loadu_ps(a.as_ptr()), _mm512_loadu_ps(b.as_ptr())) };
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(load(a), load(b)));
         }
         _mm512_reduce_add_ps(acc)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn hsum16_sums_each_vector_into_its_lane() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                return;
+            }
+            let v: [[f32; 16]; 16] =
+                std::array::from_fn(|s| std::array::from_fn(|l| (s * 100 + l * l) as f32));
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512F checked above; 16 floats each.
+            unsafe {
+                let vs = std::array::from_fn(|s| load(&v[s]));
+                _mm512_storeu_ps(got.as_mut_ptr(), hsum16(vs));
+            }
+            for (lane, g) in got.iter().enumerate() {
+                let slot = 4 * (lane % 4) + lane / 4;
+                assert_eq!(*g, v[slot].iter().sum::<f32>(), "lane {lane}");
+            }
+        }
+
+        #[test]
+        fn exp_is_within_two_ulp_of_libm() {
+            if !std::arch::is_x86_feature_detected!("avx512f") {
+                return;
+            }
+            let xs: Vec<f32> = (0..16 * 4096).map(|i| -(i as f32) * 0.0016).collect();
+            for chunk in xs.chunks_exact(16) {
+                let mut got = [0f32; 16];
+                // SAFETY: AVX-512F checked above; 16 floats each.
+                unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp(load(chunk))) };
+                for (x, g) in chunk.iter().zip(got) {
+                    let want = x.exp();
+                    let ulp = (want.to_bits() as i64 - g.to_bits() as i64).abs();
+                    assert!(ulp <= 2 || want < 1e-37, "exp({x}) = {g}, libm {want}");
+                }
+            }
+        }
     }
 }
 
@@ -318,15 +553,15 @@ mod tests {
     /// block's result for the same position (what a decode step computes).
     #[test]
     fn matches_candles_ops_and_rows_do_not_depend_on_the_block() {
-        // Head widths 40 (the portable lanes) and 64 (AVX-512 where the CPU has it).
-        for d in [40, 64] {
+        // Head widths 40 (the portable lanes) and 16, 64, 256 (AVX-512 where the CPU has it).
+        for d in [16, 40, 64, 256] {
             check_every_block(d);
         }
     }
 
     fn check_every_block(d: usize) {
         let dev = Device::Cpu;
-        let (h, kv, cap) = (6, 2, 24);
+        let (h, kv, cap) = (6, 2, 40);
         // A buffer wider than the keys in use: strided views like a cache's.
         let kb = Tensor::randn(0f32, 1., (1, kv, cap + 3, d), &dev).unwrap();
         let vb = Tensor::randn(0f32, 1., (1, kv, cap + 3, d), &dev).unwrap();
