@@ -288,11 +288,13 @@ mod avx512 {
         scores.clear();
         scores.resize(blocks * 16, 0.0);
         let q: [__m512; N] = std::array::from_fn(|c| load(&query[c * 16..]));
+        // Positions of block `b` in use, and their lanes as a mask.
+        let valid = |b: usize| (len - 16 * b).min(16);
+        let mask = |b: usize| -> __mmask16 { (((1u32 << valid(b)) - 1) & 0xffff) as u16 };
         // Scores, 16 positions a block; padding lanes -inf.
         let mut top = _mm512_set1_ps(f32::NEG_INFINITY);
         for b in 0..blocks {
-            let p0 = first + 16 * b;
-            let valid = (len - 16 * b).min(16);
+            let (p0, valid) = (first + 16 * b, valid(b));
             let mut acc = [_mm512_setzero_ps(); 16];
             for (slot, acc) in acc.iter_mut().enumerate() {
                 // Slot `4k + j` lands in lane `4j + k` of `hsum16`'s result.
@@ -314,8 +316,7 @@ mod avx512 {
                 lanes.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
                 s = load(&lanes);
             }
-            let mask: __mmask16 = if valid == 16 { !0 } else { (1 << valid) - 1 };
-            s = _mm512_mask_blend_ps(mask, _mm512_set1_ps(f32::NEG_INFINITY), s);
+            s = _mm512_mask_blend_ps(mask(b), _mm512_set1_ps(f32::NEG_INFINITY), s);
             top = _mm512_max_ps(top, s);
             // SAFETY: block `b` of `scores` holds 16 floats.
             unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), s) };
@@ -324,9 +325,7 @@ mod avx512 {
         // Weights exp(s - max) in place, padding 0; their sum lane-wise, then across lanes.
         let mut total = _mm512_setzero_ps();
         for b in 0..blocks {
-            let valid = (len - 16 * b).min(16);
-            let mask: __mmask16 = if valid == 16 { !0 } else { (1 << valid) - 1 };
-            let e = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(load(&scores[16 * b..]), max)));
+            let e = _mm512_maskz_mov_ps(mask(b), exp(_mm512_sub_ps(load(&scores[16 * b..]), max)));
             total = _mm512_add_ps(total, e);
             // SAFETY: block `b` of `scores` holds 16 floats.
             unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), e) };
