@@ -37,18 +37,76 @@ fn the_readme_is_a_front_door() {
     assert!(lines <= 250, "README.md has {lines} lines");
 }
 
-/// Relative link targets of `[text](target)` in markdown, without anchors.
-fn links(markdown: &str) -> Vec<String> {
+/// Relative link targets of `[text](target)` in markdown: `(file, anchor)`, the file empty
+/// for a link into the same document.
+fn links(markdown: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for part in markdown.split("](").skip(1) {
         let Some(end) = part.find(')') else { continue };
-        let target = part[..end].split('#').next().unwrap_or("");
-        let external = target.contains("://") || target.starts_with("mailto:");
-        if !target.is_empty() && !external && !target.contains(' ') {
-            out.push(target.to_string());
+        let target = &part[..end];
+        let (file, anchor) = match target.split_once('#') {
+            Some((file, anchor)) => (file, Some(anchor.to_string())),
+            None => (target, None),
+        };
+        let external = file.contains("://") || file.starts_with("mailto:");
+        if !(file.is_empty() && anchor.is_none()) && !external && !target.contains(' ') {
+            out.push((file.to_string(), anchor));
         }
     }
     out
+}
+
+/// The anchors GitHub gives a markdown file's headings: the heading's text lowercased, every
+/// character but letters, digits, `_`, `-` and spaces dropped, spaces made `-`; a repeated
+/// anchor takes `-1`, `-2`, … Headings inside code fences do not count.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let level = line.chars().take_while(|&c| c == '#').count();
+        if fenced || level == 0 || level > 6 || !line[level..].starts_with(' ') {
+            continue;
+        }
+        let slug: String = line[level..]
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|&c| c.is_alphanumeric() || c == '_' || c == '-' || c == ' ')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let seen = out
+            .iter()
+            .filter(|a| {
+                *a == &slug
+                    || a.strip_prefix(slug.as_str())
+                        .is_some_and(|r| r.starts_with('-') && r[1..].parse::<usize>().is_ok())
+            })
+            .count();
+        out.push(if seen == 0 {
+            slug
+        } else {
+            format!("{slug}-{seen}")
+        });
+    }
+    out
+}
+
+#[test]
+fn anchors_are_githubs() {
+    let doc = "# A title\n## Prefills – and attention (06:10–07:30 UTC)\n```\n# not a heading\n```\n## A title\n### `γ` = 2, ×1.5\n";
+    assert_eq!(
+        anchors(doc),
+        [
+            "a-title",
+            "prefills--and-attention-06100730-utc",
+            "a-title-1",
+            "γ--2-15"
+        ]
+    );
 }
 
 #[test]
@@ -63,9 +121,22 @@ fn every_relative_link_resolves() {
     let mut broken = Vec::new();
     for file in &files {
         let dir = file.parent().expect("a parent folder");
-        for target in links(&read(file)) {
-            if !dir.join(&target).exists() {
+        let text = read(file);
+        for (target, anchor) in links(&text) {
+            let path = if target.is_empty() {
+                file.clone()
+            } else {
+                dir.join(&target)
+            };
+            if !path.exists() {
                 broken.push(format!("{}: {target}", file.display()));
+                continue;
+            }
+            let markdown = path.extension().is_some_and(|e| e == "md");
+            if let (Some(anchor), true) = (anchor, markdown) {
+                if !anchors(&read(&path)).contains(&anchor) {
+                    broken.push(format!("{}: {target}#{anchor}", file.display()));
+                }
             }
         }
     }
