@@ -49,7 +49,8 @@ fn links(markdown: &str) -> Vec<(String, Option<String>)> {
             None => (target, None),
         };
         let external = file.contains("://") || file.starts_with("mailto:");
-        if !(file.is_empty() && anchor.is_none()) && !external && !target.contains(' ') {
+        let nothing = file.is_empty() && anchor.is_none();
+        if !(nothing || external || target.contains(' ')) {
             out.push((file.to_string(), anchor));
         }
     }
