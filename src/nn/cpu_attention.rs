@@ -311,15 +311,13 @@ mod avx512 {
             let mut s = hsum16(acc);
             if let Some(cap) = softcap {
                 let mut lanes = [0f32; 16];
-                // SAFETY: `lanes` holds 16 floats.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s) };
+                store(&mut lanes, s);
                 lanes.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
                 s = load(&lanes);
             }
             s = _mm512_mask_blend_ps(mask(b), _mm512_set1_ps(f32::NEG_INFINITY), s);
             top = _mm512_max_ps(top, s);
-            // SAFETY: block `b` of `scores` holds 16 floats.
-            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), s) };
+            store(&mut scores[16 * b..], s);
         }
         let max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
         // Weights exp(s - max) in place, padding 0; their sum lane-wise, then across lanes.
@@ -327,8 +325,7 @@ mod avx512 {
         for b in 0..blocks {
             let e = _mm512_maskz_mov_ps(mask(b), exp(_mm512_sub_ps(load(&scores[16 * b..]), max)));
             total = _mm512_add_ps(total, e);
-            // SAFETY: block `b` of `scores` holds 16 floats.
-            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(16 * b), e) };
+            store(&mut scores[16 * b..], e);
         }
         let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(total));
         // Values: positions first + 2i into `even`, first + 2i + 1 into `odd`.
@@ -352,9 +349,10 @@ mod avx512 {
             }
         }
         for c in 0..N {
-            let o = _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), inv);
-            // SAFETY: `out` holds `16 N` floats (the head width).
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), o) };
+            store(
+                &mut out[16 * c..],
+                _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), inv),
+            );
         }
     }
 
@@ -364,6 +362,14 @@ mod avx512 {
         assert!(x.len() >= 16);
         // SAFETY: 16 floats are in bounds (asserted); AVX-512F in every caller.
         unsafe { _mm512_loadu_ps(x.as_ptr()) }
+    }
+
+    /// `v` into the first 16 floats of `x`.
+    #[inline(always)]
+    fn store(x: &mut [f32], v: __m512) {
+        assert!(x.len() >= 16);
+        // SAFETY: 16 floats are in bounds (asserted); AVX-512F in every caller.
+        unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) }
     }
 
     /// Lane `l` of the result is the sum of the lanes of `v[4 (l % 4) + l / 4]`, each summed by
