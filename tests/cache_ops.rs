@@ -65,6 +65,43 @@ fn kv_append_grows_in_steps_and_returns_everything_with_a_causal_mask() {
 }
 
 #[test]
+fn kv_expect_tokens_sizes_the_buffers_once_and_keeps_their_contents() {
+    let mut c = KvCache::new(4);
+    c.expect_tokens(10).unwrap();
+    assert_eq!(
+        c.capacity(),
+        0,
+        "no buffer before the first write gives it a shape"
+    );
+    let (k, v) = kv(0, 1);
+    c.append(&k, &v).unwrap();
+    assert_eq!(
+        c.capacity(),
+        12,
+        "the first allocation takes the hint, in whole steps"
+    );
+    for p in 1..10 {
+        let (k, v) = kv(p, 1);
+        c.append(&k, &v).unwrap();
+        assert_eq!(c.capacity(), 12, "no growth up to the hint");
+    }
+    c.expect_tokens(5).unwrap();
+    assert_eq!(c.capacity(), 12, "a smaller hint never shrinks");
+    c.expect_tokens(30).unwrap();
+    assert_eq!(
+        c.capacity(),
+        32,
+        "a larger hint grows existing buffers at once"
+    );
+    let (k, _) = c.logical_kv().unwrap().unwrap();
+    assert_eq!(flat(&k), (0..10).map(|p| p as f32).collect::<Vec<_>>());
+    c.reset();
+    let (k, v) = kv(0, 3);
+    c.append(&k, &v).unwrap();
+    assert_eq!(c.capacity(), 32, "a reset keeps the sized buffers");
+}
+
+#[test]
 fn rotating_decode_wraps_and_prefill_keeps_the_window() {
     let mut c = LayerCache::Rotating(RotatingKvCache::new(3, RotatingStrategy::Staged).unwrap());
     // Prefill 5 tokens: all returned in logical order with the sliding-window causal mask.

@@ -106,6 +106,8 @@ enum Op {
     },
     Merge(usize, usize),
     Split(usize, usize),
+    /// `expect_tokens(n)`: a sizing hint, invisible to attention.
+    Expect(usize),
 }
 
 fn tokens(max: usize) -> impl Strategy<Value = Vec<u8>> {
@@ -122,6 +124,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(snap, back)| Op::Restore { snap, back }),
         1 => (0usize..100, 0usize..100).prop_map(|(a, b)| Op::Merge(a, b)),
         1 => (0usize..100, 0usize..100).prop_map(|(a, b)| Op::Split(a, b)),
+        1 => (0usize..40).prop_map(Op::Expect),
     ]
 }
 
@@ -237,7 +240,11 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
     let mut committed: Vec<u8> = Vec::new();
     let mut ring = kind.ring();
     let mut snaps: Vec<Snap> = Vec::new();
+    // The largest `expect_tokens` hint, and the bytes a KV cache held once it had buffers
+    // after it: while no sequence passes the hint, the buffers are never reallocated.
+    let mut hint: Option<(usize, Option<usize>)> = None;
     for op in ops {
+        let mut peak = committed.len();
         match op {
             Op::Append(t) => {
                 append(&mut cache, &t);
@@ -247,6 +254,7 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
                 committed.extend(&t);
             }
             Op::Speculate { chunks, commit } => {
+                peak += chunks.iter().map(Vec::len).sum::<usize>();
                 let model = (&mut committed, &mut ring);
                 speculate(kind, &mut cache, model, &chunks, commit)
             }
@@ -322,6 +330,23 @@ fn run(kind: Kind, ops: Vec<Op>, probe: Vec<u8>) {
                 }
             }
             Op::Merge(..) | Op::Split(..) => {}
+            Op::Expect(n) => {
+                cache.expect_tokens(n).unwrap();
+                hint = Some((n.max(hint.map_or(0, |h| h.0)), None));
+            }
+        }
+        peak = peak.max(committed.len());
+        if let (Some((n, bytes)), false) = (hint.as_mut(), kind.rotating()) {
+            let now = cache.allocated_bytes();
+            if peak > *n {
+                hint = None;
+            } else if now > 0 {
+                assert_eq!(
+                    *bytes.get_or_insert(now),
+                    now,
+                    "buffers reallocated under the hint"
+                );
+            }
         }
         check_equivalent(kind, &cache, &committed, &probe);
     }

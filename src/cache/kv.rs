@@ -23,6 +23,8 @@ pub struct KvCache {
     /// Tokens held (the position of the next token).
     offset: usize,
     step: usize,
+    /// Slots the buffers get at least when made or grown ([`Self::expect_tokens`]).
+    expected: usize,
     /// Offset when the open speculation began.
     spec_base: Option<usize>,
     /// The tree the open speculation's block follows (slot `spec_base + i` holds node `i`).
@@ -116,6 +118,7 @@ impl KvCache {
             buf: None,
             offset: 0,
             step: step.max(1),
+            expected: 0,
             spec_base: None,
             tree: None,
         }
@@ -183,8 +186,24 @@ impl KvCache {
         self.offset += t;
     }
 
+    /// Sizes the buffers for sequences of up to `tokens` tokens (rounded up to the growth
+    /// step), so that such a sequence never grows them mid-generation: a grown buffer is a
+    /// new allocation, and steps recorded as CUDA graphs over the old one are recorded again.
+    /// Grows existing buffers now (keeping what they hold); before the first write, whose
+    /// K/V give the buffers their shape, the size is kept for that allocation. Never shrinks.
+    pub fn expect_tokens(&mut self, tokens: usize) -> Result<()> {
+        self.expected = self.expected.max(tokens);
+        match &self.buf {
+            Some(buf) if buf.capacity() < tokens => {
+                let like = buf.k.clone();
+                self.ensure_capacity(&like, tokens)
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn ensure_capacity(&mut self, like: &Tensor, needed: usize) -> Result<()> {
-        let capacity = needed.div_ceil(self.step) * self.step;
+        let capacity = needed.max(self.expected).div_ceil(self.step) * self.step;
         match &self.buf {
             Some(buf) if !buf.fits(like) => {
                 return Err(bad(&format!(
@@ -280,6 +299,7 @@ impl KvCache {
             buf: self.buf.as_ref().map(KvBuf::deep_clone).transpose()?,
             offset: self.offset,
             step: self.step,
+            expected: self.expected,
             spec_base: self.spec_base,
             tree: self.tree.clone(),
         })

@@ -435,6 +435,16 @@ impl ModelCache {
         }
     }
 
+    /// [`KvCache::expect_tokens`] for every full-attention layer (a ring's size is its window).
+    pub fn expect_tokens(&mut self, tokens: usize) -> Result<()> {
+        for layer in &mut self.layers {
+            if let LayerCache::Kv(c) = layer {
+                c.expect_tokens(tokens)?;
+            }
+        }
+        Ok(())
+    }
+
     /// True after a failed commit, restore or forward: every use is refused until a reset.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned

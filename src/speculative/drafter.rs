@@ -94,6 +94,11 @@ pub trait Drafter {
     }
     /// Forgets per-sequence state before a new prompt.
     fn reset(&mut self) -> Result<()>;
+    /// Untimed: sizes the drafter's caches for sequences of up to `tokens` tokens (see
+    /// [`crate::cache::KvCache::expect_tokens`]). No-op by default.
+    fn expect_tokens(&mut self, _tokens: usize) -> Result<()> {
+        Ok(())
+    }
     /// Reads the prompt before the first proposal (after [`Drafter::reset`]), so that its
     /// cost is booked as prefill (time to first token), not drafting. Default: nothing to read.
     fn prefill(&mut self, _prompt: &[u32]) -> Result<()> {
@@ -425,6 +430,10 @@ impl<M: LanguageModel> Drafter for ModelDrafter<M> {
         self.seq.reset();
         self.forwards = 0;
         Ok(())
+    }
+
+    fn expect_tokens(&mut self, tokens: usize) -> Result<()> {
+        self.seq.cache_mut().expect_tokens(tokens)
     }
 
     /// Runs the draft model over the prompt (reusing what its cache and store hold, in

@@ -453,6 +453,10 @@ impl Drafter for Eagle3Drafter {
         Ok(())
     }
 
+    fn expect_tokens(&mut self, tokens: usize) -> Result<()> {
+        self.cache.expect_tokens(tokens)
+    }
+
     fn target_layers(&self) -> Option<&[usize]> {
         Some(self.head.target_layers())
     }

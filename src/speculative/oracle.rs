@@ -310,6 +310,16 @@ impl<M: LanguageModel> Drafter for OracleDrafter<M> {
         Ok(())
     }
 
+    fn expect_tokens(&mut self, tokens: usize) -> Result<()> {
+        if let Some((_, cache)) = self.cost.as_mut() {
+            cache.expect_tokens(tokens)?;
+        }
+        match self.cost_head.as_mut() {
+            Some(head) => head.expect_tokens(tokens),
+            None => Ok(()),
+        }
+    }
+
     /// With a cost model, its forwards run as a greedy draft model's would: queued where
     /// the engine takes a queued chain (the engine's one read-back after the verification
     /// waits for them, as for a draft model's drafts), else waited for, so that their time

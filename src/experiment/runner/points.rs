@@ -80,6 +80,10 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
     ) -> Result<Vec<ResultRecord>> {
         // Slack rings must roll back the largest block: a chain's drafts or a tree's nodes.
         let max_gamma = max_block(config);
+        // Every cache sized for the longest first turn's whole sequence when a point's run is
+        // made, so that no timed generation grows (reallocates) one.
+        let longest = self.prompts.iter().map(|p| p.tokens.len()).max();
+        let expected = longest.unwrap_or(0) + config.max_new_tokens + max_gamma + 1;
         let slots = schedule(points, self.prompts.len(), config.repeats, config.order);
         let ends = turn_ends(&slots, points, config.order);
         let mut runs: Vec<Option<PointRun<'_>>> = (0..points.len()).map(|_| None).collect();
@@ -93,11 +97,17 @@ impl<M: LanguageModel + 'static> Session<'_, M> {
             }
             if runs[slot.point].is_none() {
                 let strategy = rotating_strategy(point.cache, max_gamma);
+                let mut seq = self.sequence(config, point, strategy)?;
+                seq.cache_mut().expect_tokens(expected)?;
+                let mut drafter = self.drafter(config, point, strategy)?;
+                if let Some(d) = drafter.as_deref_mut() {
+                    d.expect_tokens(expected)?;
+                }
                 runs[slot.point] = Some(PointRun {
                     index: slot.point,
                     point,
-                    seq: self.sequence(config, point, strategy)?,
-                    drafter: self.drafter(config, point, strategy)?,
+                    seq,
+                    drafter,
                     params: GenParams {
                         max_new_tokens: config.max_new_tokens,
                         sampling: point.sampling(),
