@@ -17,21 +17,30 @@ the CPU in about a minute (self-test and acceptance simulation, no training):
 
     python3 scripts/train_eagle3.py --eval-only --out models/eagle3
 
-Command used for models/eagle3-smollm2 (the real SmolLM2-135M-Instruct Q4_1 GGUF file, which transformers
-dequantizes to float32 with the `gguf` package, as the Rust engine does; one NVIDIA H200, 561 s in all;
-instruction prompts of models/eagle3-smollm2/prompts.jsonl, made by make_prompts.py there, and requests the
-target wrote itself (--self-prompts), each through the target's chat template; generation and training each
-cut by a time budget; models/eagle3-smollm2/TRAINING.md has the numbers):
+Commands used for models/eagle3-smollm2 (the real SmolLM2-135M-Instruct Q4_1 GGUF file, which transformers
+dequantizes to float32 with the `gguf` package, as the Rust engine does; one NVIDIA H200, two 10-minute calls:
+generation 537 s, training 575 s): the instructions of models/eagle3-smollm2/prompts.jsonl (made by make_prompts.py
+there) and the requests the target wrote itself in an earlier run (--self-prompts, kept in self_prompts.jsonl.gz),
+each through the target's chat template, continued by the target; the set saved, then trained on; generation and
+training each cut by a time budget (models/eagle3-smollm2/TRAINING.md has the numbers):
 
     python3 scripts/train_eagle3.py --device cuda \
         --target models/real/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --prompts-jsonl models/eagle3-smollm2/prompts.jsonl --chat-template --layers 2,15,27 \
-        --draft-vocab 12288 --intermediate 1024 --save-dtype float16 --self-prompts 12000 \
-        --self-prompt-tokens 96 --self-prompt-seconds 50 --gen-batch 512 --num-seqs 20000 --heldout-prompts 64 \
-        --heldout-seqs 64 --seq-len 352 --sample-frac 0.2 --gen-seconds 150 --ttt-steps 5 --anchors 64 \
-        --batch 64 --epochs 30 --eval-every 200 --max-seconds 150 --gamma 4 --sim-new-tokens 128 \
-        --sim-heldout-prompts 4 --sim-prompts configs/prompts/spec_bench_question.jsonl --sim-limit 8 \
-        --baseline-draft '' --out models/eagle3-smollm2
+        --prompts-jsonl models/eagle3-smollm2/prompts.jsonl \
+        --extra-prompts models/eagle3-smollm2/self_prompts.jsonl.gz --chat-template --layers 2,15,27 \
+        --draft-vocab 12288 --intermediate 1536 --save-dtype float16 --recompute-features \
+        --heldout-prompts 64 --heldout-seqs 64 --seq-len 352 --baseline-draft= --sample-frac 0.2 \
+        --gen-batch 1024 --num-seqs 100000 --gen-seconds 495 --gen-only --data-out /tmp/keep/big.pt \
+        --out /tmp/keep/head
+    python3 scripts/train_eagle3.py --device cuda \
+        --target models/real/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --prompts-jsonl models/eagle3-smollm2/prompts.jsonl \
+        --extra-prompts models/eagle3-smollm2/self_prompts.jsonl.gz --chat-template --layers 2,15,27 \
+        --draft-vocab 12288 --intermediate 1536 --save-dtype float16 --recompute-features \
+        --heldout-prompts 64 --heldout-seqs 64 --seq-len 352 --baseline-draft= --num-seqs 0 \
+        --data-in /tmp/keep/big.pt --ttt-steps 5 --anchors 64 --batch 64 --epochs 20 --eval-every 400 \
+        --max-seconds 440 --gamma 4 --sim-new-tokens 128 --sim-heldout-prompts 2 \
+        --sim-prompts configs/prompts/spec_bench_question.jsonl --sim-limit 8 --out /tmp/keep/head
 
 Generation can be split over several runs, each within a time limit (a GPU machine's call, say): --data-out
 saves a run's generated set (ids, recorded states, masks; about 4.6 kB a token for SmolLM2 in float16), and a
