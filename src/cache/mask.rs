@@ -119,6 +119,24 @@ impl Mask {
         }
     }
 
+    /// `Some((base, first, tree))` when the keys are positions `0 .. len` in order, all
+    /// intact, with no window or tail, and end with the whole block of a token tree from
+    /// `base`, and the queries are its nodes `first ..` (its newest): a kernel can then tell
+    /// what each query sees from the tree alone. `None` for anything else.
+    pub fn tree_block(&self) -> Option<(usize, usize, Arc<TokenTree>)> {
+        match (self.keys, &self.tail, &self.tree, self.window) {
+            (KeyOrder::Linear { first: 0 }, None, Some((base, tree)), None)
+                if self.held_lo == 0
+                    && self.len == base + tree.len()
+                    && self.q_end == self.len
+                    && (*base..self.q_end).contains(&self.q_start) =>
+            {
+                Some((*base, self.q_start - base, tree.clone()))
+            }
+            _ => None,
+        }
+    }
+
     /// `Some((end, held_lo, window))` when the keys are a full ring of sliding-window slots,
     /// the queries are its newest positions (`[end - t, end)`) and there is no tree or tail:
     /// a kernel can then tell which slots a query sees from positions alone (slot `s` holds
@@ -329,6 +347,46 @@ mod tests {
                 .iter()
                 .map(|r| r.iter().map(|&x| x == 0.0).collect())
                 .collect(),
+        }
+    }
+
+    /// `tree_block` claims only masks whose visibility is the kernel's rule: query node `i`
+    /// sees keys `0 .. base`, its ancestors and itself (checked against the materialised mask).
+    #[test]
+    fn tree_block_is_the_masks_visibility() {
+        let tree =
+            Arc::new(TokenTree::new(vec![None, Some(0), Some(0), Some(1), Some(2)]).unwrap());
+        let (base, n) = (7, tree.len());
+        for first in [0, 3] {
+            let m = Mask::causal(base + first..base + n).with_tree(base, tree.clone());
+            let (b, f, _) = m.tree_block().expect("a tree block at the end of the keys");
+            assert_eq!((b, f), (base, first));
+            for (i, row) in materialised(&m).iter().enumerate() {
+                let node = first + i;
+                let want: Vec<bool> = (0..base + n)
+                    .map(|key| key < base || tree.sees(node, key - base))
+                    .collect();
+                assert_eq!(row, &want, "node {node}");
+            }
+        }
+        let windowed = Mask::new(
+            base..base + n,
+            KeyOrder::Linear { first: 0 },
+            base + n,
+            0,
+            Some(4),
+        );
+        let older = Mask::causal(base..base + n - 1);
+        let tailed = Mask::causal(base..base + n).with_tail(base + n, 1);
+        for (name, m) in [
+            ("window", windowed),
+            ("older queries", older),
+            ("tail", tailed),
+        ] {
+            assert!(
+                m.with_tree(base, tree.clone()).tree_block().is_none(),
+                "{name}"
+            );
         }
     }
 

@@ -328,6 +328,12 @@ impl Attention {
                 )?);
             }
         }
+        if let Some((base, first, tree)) = attend.mask.tree_block() {
+            let kv = (&attend.k, &attend.v);
+            if let Some(out) = fused::tree_attention(q, kv, (base, first, &tree), self.softcap)? {
+                return Ok(out);
+            }
+        }
         heads_to_rows(attend_masked(
             q,
             &attend.k,

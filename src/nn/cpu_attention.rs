@@ -11,7 +11,7 @@ use crate::error::Result;
 
 /// Which cache rows a block's queries read.
 #[derive(Debug, Clone, Copy)]
-pub enum Keys {
+pub enum Keys<'a> {
     /// Keys `0 .. len` of the buffers are positions `0 .. len`; the `t` queries are the last
     /// `t` of them; each sees the positions up to its own (the last `window` only, with one).
     Suffix { window: Option<usize> },
@@ -22,6 +22,16 @@ pub enum Keys {
         lo: usize,
         window: usize,
     },
+    /// A token tree's block at the end of the keys: rows `0 .. base` are positions
+    /// `0 .. base`, row `base + j` holds `tree`'s node `j`; query `i` is node `first + i` at
+    /// position `base + depth`, and sees positions `0 .. base` then its ancestors, root first,
+    /// and itself (the keys a one-token step at that position sees once the path is
+    /// committed, in that order).
+    Tree {
+        base: usize,
+        first: usize,
+        tree: &'a crate::cache::TokenTree,
+    },
 }
 
 /// Attention of `q: [1, h, t, d]` over `k`, `v: [1, kv, rows, d]` (`h` a multiple of `kv`,
@@ -31,7 +41,7 @@ pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    keys: Keys,
+    keys: Keys<'_>,
     softcap: Option<f64>,
 ) -> Result<Option<Tensor>> {
     let fits = |x: &Tensor| {
@@ -54,8 +64,8 @@ pub fn attention(
     Ok(Some(q.apply_op3_no_bwd(k, v, &op)?))
 }
 
-struct CpuAttention {
-    keys: Keys,
+struct CpuAttention<'a> {
+    keys: Keys<'a>,
     softcap: Option<f32>,
 }
 
@@ -91,7 +101,7 @@ impl<'a> Operand<'a> {
     }
 }
 
-impl CustomOp3 for CpuAttention {
+impl CustomOp3 for CpuAttention<'_> {
     fn name(&self) -> &'static str {
         "attention-cpu"
     }
@@ -112,8 +122,34 @@ impl CustomOp3 for CpuAttention {
             Operand::new(ks, kl)?,
             Operand::new(vs, vl)?,
         );
-        // Key rows of query `i` in position order: `first(i) ..= last(i)`, row `p % wrap`.
+        // A tree's queries: each one's block rows, root first (its path of nodes).
+        let paths: Vec<Vec<usize>> = match self.keys {
+            Keys::Tree { base, first, tree } => {
+                if first + t != tree.len() || base + tree.len() != rows {
+                    candle_core::bail!(
+                        "cpu attention: nodes {first}.. of a {}-node tree at {base} over {rows} keys",
+                        tree.len()
+                    );
+                }
+                (first..tree.len())
+                    .map(|node| {
+                        let mut path: Vec<usize> =
+                            std::iter::successors(Some(node), |&a| tree.parent(a)).collect();
+                        path.reverse();
+                        path
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let tree_base = match self.keys {
+            Keys::Tree { base, .. } => base,
+            _ => usize::MAX,
+        };
+        // Key rows of query `i` in position order: `first(i) ..= last(i)`, row `p % wrap`
+        // (a tree's: positions from its base at its path's rows).
         let (wrap, last_of, lo) = match self.keys {
+            Keys::Tree { base, .. } => (usize::MAX, base, None),
             Keys::Suffix { window } => {
                 if t > rows {
                     candle_core::bail!("cpu attention: {t} queries over {rows} keys");
@@ -130,7 +166,10 @@ impl CustomOp3 for CpuAttention {
             }
         };
         let span = |i: usize| {
-            let last = last_of + i;
+            let last = match paths.get(i) {
+                Some(path) => last_of + path.len() - 1,
+                None => last_of + i,
+            };
             let first = lo.map_or(0, |(w, lo)| (last + 1).saturating_sub(w).max(lo));
             (first, last)
         };
@@ -151,7 +190,11 @@ impl CustomOp3 for CpuAttention {
             } else {
                 first / wrap * wrap
             };
+            let path = paths.get(i).map_or(&[][..], Vec::as_slice);
             let slot = move |p: usize| {
+                if p >= tree_base {
+                    return tree_base + path[p - tree_base];
+                }
                 let s = p - base;
                 if s >= wrap {
                     s - wrap
@@ -500,139 +543,4 @@ fn axpy(e: f32, v: &[f32], out: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{Device, IndexOp};
-
-    /// Reference: candle's ops, one query at a time over its visible keys (gathered).
-    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, keys: Keys, cap: Option<f64>) -> Tensor {
-        let (_, h, t, d) = q.dims4().unwrap();
-        let (kv, rows) = (k.dim(1).unwrap(), k.dim(2).unwrap());
-        let mut out = Vec::new();
-        for i in 0..t {
-            let (pos, first, wrap) = match keys {
-                Keys::Suffix { window } => {
-                    let pos = rows - t + i;
-                    (pos, window.map_or(0, |w| (pos + 1).saturating_sub(w)), rows)
-                }
-                Keys::Ring { end, lo, window } => {
-                    let pos = end - t + i;
-                    (pos, (pos + 1).saturating_sub(window).max(lo), rows)
-                }
-            };
-            let idx: Vec<u32> = (first..=pos).map(|p| (p % wrap) as u32).collect();
-            let idx = Tensor::new(idx.as_slice(), &Device::Cpu).unwrap();
-            let mut heads = Vec::new();
-            for head in 0..h {
-                let kvh = head / (h / kv);
-                let kk = k.i((0, kvh)).unwrap().index_select(&idx, 0).unwrap();
-                let vv = v.i((0, kvh)).unwrap().index_select(&idx, 0).unwrap();
-                let qq = q.i((0, head, i..i + 1)).unwrap();
-                let mut s = qq.matmul(&kk.t().unwrap()).unwrap();
-                if let Some(c) = cap {
-                    s = ((s / c).unwrap().tanh().unwrap() * c).unwrap();
-                }
-                let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
-                heads.push(p.matmul(&vv).unwrap().reshape(d).unwrap());
-            }
-            out.push(Tensor::cat(&heads, 0).unwrap());
-        }
-        Tensor::stack(&out, 0).unwrap()
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
-
-    /// Suffix and ring blocks of every length, windows, a cap, grouped heads, strided
-    /// caches: within float rounding of candle's ops, and each row bitwise the one-query
-    /// block's result for the same position (what a decode step computes).
-    #[test]
-    fn matches_candles_ops_and_rows_do_not_depend_on_the_block() {
-        // Head widths 40 (the portable lanes) and 16, 64, 256 (AVX-512 where the CPU has it).
-        for d in [16, 40, 64, 256] {
-            check_every_block(d);
-        }
-    }
-
-    fn check_every_block(d: usize) {
-        let dev = Device::Cpu;
-        // Blocks of up to 20 rows (a verification block past 16 rows, as trees make).
-        const ROWS: usize = 20;
-        let (h, kv, cap) = (6, 2, 40);
-        // A buffer wider than the keys in use: strided views like a cache's.
-        let kb = Tensor::randn(0f32, 1., (1, kv, cap + 3, d), &dev).unwrap();
-        let vb = Tensor::randn(0f32, 1., (1, kv, cap + 3, d), &dev).unwrap();
-        let (k, v) = (kb.narrow(2, 0, cap).unwrap(), vb.narrow(2, 0, cap).unwrap());
-        let qs = Tensor::randn(0f32, 1., (1, h, ROWS, d), &dev).unwrap();
-        let cases = [
-            Keys::Suffix { window: None },
-            Keys::Suffix { window: Some(5) },
-            Keys::Ring {
-                end: 30,
-                lo: 0,
-                window: 16,
-            },
-            Keys::Ring {
-                end: 37,
-                lo: 20,
-                window: 12,
-            },
-        ];
-        for keys in cases {
-            for t in 1..=ROWS {
-                // Queries are never older than a ring's oldest intact position.
-                if matches!(keys, Keys::Ring { end, lo, .. } if end - t < lo) {
-                    continue;
-                }
-                for softcap in [None, Some(3.0)] {
-                    let q = qs.narrow(2, ROWS - t, t).unwrap().contiguous().unwrap();
-                    let got = attention(&q, &k, &v, keys, softcap).unwrap().unwrap();
-                    let want = reference(&q, &k, &v, keys, softcap);
-                    let diff = max_diff(&got, &want.reshape((t, h * d)).unwrap());
-                    assert!(diff < 1e-5, "d={d} {keys:?} t={t} cap={softcap:?}: {diff}");
-                    // Each row alone, as a one-token step at its position computes it.
-                    let rows = got.to_vec2::<f32>().unwrap();
-                    for (i, row) in rows.iter().enumerate() {
-                        let q1 = q.narrow(2, i, 1).unwrap().contiguous().unwrap();
-                        let alone = match keys {
-                            Keys::Suffix { .. } => {
-                                let seen = cap - t + i + 1;
-                                let (k1, v1) =
-                                    (k.narrow(2, 0, seen).unwrap(), v.narrow(2, 0, seen).unwrap());
-                                attention(&q1, &k1, &v1, keys, softcap)
-                            }
-                            Keys::Ring { end, lo, window } => {
-                                let one = Keys::Ring {
-                                    end: end - t + i + 1,
-                                    lo,
-                                    window,
-                                };
-                                attention(&q1, &k, &v, one, softcap)
-                            }
-                        };
-                        let alone = alone.unwrap().unwrap().to_vec2::<f32>().unwrap();
-                        assert_eq!(&alone[0], row, "d={d} {keys:?} t={t}: row {i} of the block");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn other_dtypes_and_devices_are_left_to_candle() {
-        let q = Tensor::zeros((1, 2, 1, 8), candle_core::DType::F16, &Device::Cpu).unwrap();
-        let k = Tensor::zeros((1, 1, 4, 8), candle_core::DType::F16, &Device::Cpu).unwrap();
-        let keys = Keys::Suffix { window: None };
-        assert!(attention(&q, &k, &k, keys, None).unwrap().is_none());
-    }
-}
+mod tests;

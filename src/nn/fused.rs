@@ -63,6 +63,21 @@ pub fn ring_attention(
     super::cpu_attention::attention(q, k, v, keys, softcap)
 }
 
+/// Attention of the queries `q: [1, h, t, d]` that are nodes `first ..` of a token tree
+/// whose block ends the keys `k`, `v: [1, kv, base + nodes, d]` (each node sees positions
+/// `0 .. base` and its ancestors), as `[t, h * d]`: on the CPU in f32 by
+/// [`super::cpu_attention`], each row bitwise the one-token step after its path is
+/// committed. `None` elsewhere (CUDA records trees in place: `cuda/graph.rs`).
+pub fn tree_attention(
+    q: &Tensor,
+    (k, v): (&Tensor, &Tensor),
+    (base, first, tree): (usize, usize, &crate::cache::TokenTree),
+    softcap: Option<f64>,
+) -> Result<Option<Tensor>> {
+    let keys = super::cpu_attention::Keys::Tree { base, first, tree };
+    super::cpu_attention::attention(q, k, v, keys, softcap)
+}
+
 /// `t`, a tensor one of our CUDA ops just made, kept alive while a graph records (its free
 /// then lands after every kernel of the step: see `cuda/graph_edges.rs`).
 #[cfg(feature = "cuda")]
