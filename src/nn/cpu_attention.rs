@@ -122,8 +122,9 @@ impl CustomOp3 for CpuAttention<'_> {
             Operand::new(ks, kl)?,
             Operand::new(vs, vl)?,
         );
-        // A tree's queries: each one's block rows, root first (its path of nodes).
-        let paths: Vec<Vec<usize>> = match self.keys {
+        // A tree's base (none: `usize::MAX`) and each query's block rows, root first (its path
+        // of nodes).
+        let (tree_base, paths): (usize, Vec<Vec<usize>>) = match self.keys {
             Keys::Tree { base, first, tree } => {
                 if first + t != tree.len() || base + tree.len() != rows {
                     candle_core::bail!(
@@ -131,20 +132,15 @@ impl CustomOp3 for CpuAttention<'_> {
                         tree.len()
                     );
                 }
-                (first..tree.len())
-                    .map(|node| {
-                        let mut path: Vec<usize> =
-                            std::iter::successors(Some(node), |&a| tree.parent(a)).collect();
-                        path.reverse();
-                        path
-                    })
-                    .collect()
+                let paths = (first..tree.len()).map(|node| {
+                    let mut path: Vec<usize> =
+                        std::iter::successors(Some(node), |&a| tree.parent(a)).collect();
+                    path.reverse();
+                    path
+                });
+                (base, paths.collect())
             }
-            _ => Vec::new(),
-        };
-        let tree_base = match self.keys {
-            Keys::Tree { base, .. } => base,
-            _ => usize::MAX,
+            _ => (usize::MAX, Vec::new()),
         };
         // Key rows of query `i` in position order: `first(i) ..= last(i)`, row `p % wrap`
         // (a tree's: positions from its base at its path's rows).
