@@ -94,6 +94,48 @@ fn head_logits_and_outputs_match_speculators() {
     }
 }
 
+/// A read of several pairs that needs only its last row's output (`last`): the earlier rows'
+/// K/V appended, only the last row queried and carried through the layer. Its output and
+/// logits are the full forward's last row (bitwise on the CPU, whose kernels never depend on
+/// the rows beside), the reference's too, and the next step reads the same cache.
+#[test]
+fn a_read_of_the_last_row_alone_is_the_full_forwards_last_row() {
+    for case in CASES {
+        let dir = repo_path(&format!("tests/fixtures/eagle3/{case}"));
+        let (head, r) = load(&dir);
+        let tokens = Tensor::new(ids(&r["ids"]).as_slice(), &Device::Cpu).unwrap();
+        let n = tokens.dim(0).unwrap();
+        assert!(n > 1, "{case}: the fixture reads one pair only");
+        let (mut all_cache, mut last_cache) =
+            (head.new_cache().unwrap(), head.new_cache().unwrap());
+        let (out, logits) = head
+            .forward(&tokens, &r["hidden"], &mut all_cache, false)
+            .unwrap();
+        let (out1, logits1) = head
+            .forward(&tokens, &r["hidden"], &mut last_cache, true)
+            .unwrap();
+        let (want_out, want_logits) = (
+            out.narrow(0, n - 1, 1).unwrap(),
+            logits.narrow(0, n - 1, 1).unwrap(),
+        );
+        assert_eq!(rel_err(&out1, &want_out, 1e-3), 0.0, "{case} out");
+        assert_eq!(rel_err(&logits1, &want_logits, 1e-3), 0.0, "{case} logits");
+        close(
+            &format!("{case} out against the reference"),
+            &out1,
+            &r["out_hidden"].narrow(0, n - 1, 1).unwrap(),
+        );
+        assert_eq!(all_cache.offset(), last_cache.offset(), "{case}");
+        let next = Tensor::new(&[ids(&r["draft_ids"])[0]], &Device::Cpu).unwrap();
+        let (a, la) = head
+            .forward(&next, &want_out, &mut all_cache, true)
+            .unwrap();
+        let (b, lb) = head.forward(&next, &out1, &mut last_cache, true).unwrap();
+        assert_eq!(rel_err(&a, &b, 1e-3), 0.0, "{case} next out");
+        assert_eq!(rel_err(&la, &lb, 1e-3), 0.0, "{case} next logits");
+    }
+}
+
 #[test]
 fn the_drafter_drafts_what_speculators_drafts() {
     for case in CASES {

@@ -25,6 +25,14 @@ pub struct Attend {
 }
 
 impl Attend {
+    /// The same keys for the newest query alone ([`Mask::last_query`]).
+    pub fn last_query(self) -> Self {
+        Self {
+            mask: self.mask.last_query(),
+            ..self
+        }
+    }
+
     /// `k` and `v` with the tail appended (a copy when there is a tail): for consumers that
     /// want one tensor each.
     pub fn joined(&self) -> Result<(Tensor, Tensor)> {

@@ -153,6 +153,15 @@ impl Mask {
         }
     }
 
+    /// The same keys seen by the newest query alone (`[q_end - 1, q_end)`): what a forward
+    /// that appends a block's K/V but needs only its last row's output attends with.
+    pub fn last_query(&self) -> Self {
+        Self {
+            q_start: self.q_end.saturating_sub(1).max(self.q_start),
+            ..self.clone()
+        }
+    }
+
     /// `[q_len, kv_len]` (tail included).
     pub fn shape(&self) -> (usize, usize) {
         let tail = self.tail.map_or(0, |(_, n)| n);
@@ -418,6 +427,12 @@ mod tests {
             let want = reference(&m);
             prop_assert_eq!(materialised(&m), want.clone());
             prop_assert_eq!(m.hides_nothing(), want.iter().flatten().all(|&v| v));
+            // The newest query alone sees what its row of the block's mask shows, and keeps
+            // the kernels' shortcuts the block had.
+            let last = m.last_query();
+            prop_assert_eq!(materialised(&last), want[want.len() - 1..].to_vec());
+            prop_assert_eq!(last.causal_suffix(), m.causal_suffix());
+            prop_assert_eq!(last.ring_suffix().is_some(), m.ring_suffix().is_some());
         }
     }
 }

@@ -129,6 +129,29 @@ impl Attention {
         offset: usize,
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
+        self.forward_rows(input, offset, cache, false)
+    }
+
+    /// [`Self::forward`] whose earlier rows' outputs nobody reads (an EAGLE-3 head reading
+    /// committed pairs): every row's K/V is appended, but only the last row queries, and the
+    /// result is its output alone, `[1, hidden]` — what `forward` gives for that row (the same
+    /// keys and mask row; bitwise on the CPU's kernels, whose rows never depend on the block).
+    pub(crate) fn forward_last(
+        &self,
+        input: AttnInput,
+        offset: usize,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        self.forward_rows(input, offset, cache, true)
+    }
+
+    fn forward_rows(
+        &self,
+        input: AttnInput,
+        offset: usize,
+        cache: &mut LayerCache,
+        last: bool,
+    ) -> Result<Tensor> {
         let t = input.rows()?;
         let (q, k, v) = self.project(input, true)?;
         // [t, heads, d] -> [1, heads, t, d]
@@ -146,17 +169,25 @@ impl Attention {
         profile::mark("q/k norm, rope, layout", &k)?;
         let attend = cache.append(&k, &v)?;
         profile::mark("cache write", &attend.k)?;
-        let out = self.attention(&q, &attend)?; // [t, heads * d]
+        let (q, attend) = if last && t > 1 {
+            (q.narrow(2, t - 1, 1)?.contiguous()?, attend.last_query())
+        } else {
+            (q, attend)
+        };
+        let out = self.attention(&q, &attend)?; // [t or 1, heads * d]
         profile::mark("attention", &out)?;
         self.output(&out, input)
     }
 
-    /// The output projection of `out: [t, heads * d]`, added to the residual stream when the
-    /// input was one.
+    /// The output projection of `out: [r, heads * d]` (`r`: the input's rows, or its last
+    /// row alone), added to the residual stream's last `r` rows when the input was one.
     fn output(&self, out: &Tensor, input: AttnInput) -> Result<Tensor> {
         let out = match input {
             AttnInput::Normed(_) | AttnInput::PreNormed(..) => self.o.forward(out)?,
-            AttnInput::Residual(x, _) => self.o.forward_add(out, x)?,
+            AttnInput::Residual(x, _) => {
+                let (r, t) = (out.dim(0)?, x.dim(0)?);
+                self.o.forward_add(out, &x.narrow(0, t - r, r)?)?
+            }
         };
         profile::mark("output projection", &out)?;
         Ok(out)

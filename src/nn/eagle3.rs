@@ -206,8 +206,10 @@ impl Eagle3Head {
     /// One forward over `t` pairs at positions `[cache.offset(), + t)` (tree positions inside
     /// a speculation with a tree): `ids` `[t]` u32 target ids, `features` `[t, fused_width]`
     /// (target hidden states, through `fc`) or `[t, hidden]` (the head's own outputs).
-    /// Returns the outputs `[t, hidden]` (what a later position is fed) and the draft-vocabulary
-    /// logits `[t or 1, draft_vocab]` (f32; of the last row only when `last`). On the CPU it
+    /// Returns the outputs (what a later position is fed) and the draft-vocabulary logits
+    /// (f32), `[t, hidden]` and `[t, draft_vocab]`, or of the last row alone when `last`
+    /// (`[1, …]`: the earlier rows' K/V are appended, but only the last row queries and runs
+    /// the rest of the layer where the step is not a replayed graph). On the CPU it
     /// runs on rayon's pool, as the decoder's forwards do ([`super::threads::on_cpu_pool`]);
     /// on CUDA with graphs on, a step of at most [`super::transformer::GRAPH_MAX_ROWS`] pairs over a
     /// full-attention cache replays a recorded graph, as a decoder's step does.
@@ -239,7 +241,11 @@ impl Eagle3Head {
         let offset = cache.offset();
         let layer = cache.layer_mut(0)?;
         self.step(ids, features, last, |attn, x| {
-            attn.forward(AttnInput::Normed(x), offset, layer)
+            if last {
+                attn.forward_last(AttnInput::Normed(x), offset, layer)
+            } else {
+                attn.forward(AttnInput::Normed(x), offset, layer)
+            }
         })
     }
 
@@ -298,6 +304,7 @@ impl Eagle3Head {
         };
         cache.advance(t)?;
         let out = out.ok_or_else(|| Error::invalid("eagle3: graph step lost its outputs"))?;
+        let out = if last { out.narrow(0, t - 1, 1)? } else { out };
         Ok(Some((out, logits)))
     }
 
@@ -407,7 +414,9 @@ impl Eagle3Head {
 
     /// The head's computation over `t` pairs with the attention `attend(attention, x)` of
     /// its input rows `x: [t, 2 × hidden]` (the ordinary cache append or a graph step's
-    /// in-place write): `(outputs, logits)` as [`Self::forward`] returns them.
+    /// in-place write), which answers for every row or for the last alone: `(outputs,
+    /// logits)`, the outputs of the rows it answered for, the logits of the last row only
+    /// when `last`.
     fn step(
         &self,
         ids: &Tensor,
@@ -439,12 +448,19 @@ impl Eagle3Head {
             g
         };
         let h = attend(&p.attn, &x)?;
+        // An attention that answered for the last row alone: the rest of the step for it only.
+        let (t, r) = (x.dim(0)?, h.dim(0)?);
+        let residual = if r < t {
+            residual.narrow(0, t - r, r)?
+        } else {
+            residual
+        };
         let (y, normed) = p.post_attention_norm.add_forward(&residual, &h)?;
         // The MLP's residual add and the final norm in one kernel where the device has one.
         let (sum, out_normed) = p.norm.add_forward(&y, &p.mlp.forward(&normed)?)?;
-        let t = out_normed.dim(0)?;
+        let r = out_normed.dim(0)?;
         let rows = if last {
-            out_normed.narrow(0, t - 1, 1)?
+            out_normed.narrow(0, r - 1, 1)?
         } else {
             out_normed.clone()
         };

@@ -129,8 +129,7 @@ impl Eagle3Drafter {
             .forward(&pairs.ids, &pairs.states, &mut self.cache, true)?;
         self.forwards += 1;
         self.mark_read(context, &pairs)?;
-        let t = pairs.ids.dim(0)?;
-        let last = (out.narrow(0, t - 1, 1)?, logits);
+        let last = (out, logits);
         self.last = Some(last.clone());
         Ok(last)
     }
