@@ -6,44 +6,14 @@
 //! wrap many times.
 mod common;
 
-use common::probe::{append, attend, close, kv, logical};
+use common::probe::{self, append, attend, close, kv, logical, Kind};
 use common::ring_model::Ring;
 use proptest::prelude::*;
-use specdec::cache::{
-    merge, split, Attend, CacheError, CacheSnapshot, KvCache, LayerCache, ModelCache,
-    RotatingKvCache, RotatingStrategy,
-};
+use specdec::cache::{merge, split, Attend, CacheError, CacheSnapshot, ModelCache};
 use specdec::Error;
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Kv { step: usize },
-    Staged { window: usize },
-    Slack { window: usize, max_draft: usize },
-}
-
+/// What this test adds to the shared cache kinds.
 impl Kind {
-    fn new_cache(self) -> ModelCache {
-        let layer = match self {
-            Kind::Kv { step } => LayerCache::Kv(KvCache::new(step)),
-            Kind::Staged { window } => LayerCache::Rotating(
-                RotatingKvCache::new(window, RotatingStrategy::Staged).unwrap(),
-            ),
-            Kind::Slack { window, max_draft } => LayerCache::Rotating(
-                RotatingKvCache::new(window, RotatingStrategy::Slack { max_draft }).unwrap(),
-            ),
-        };
-        ModelCache::new(vec![layer])
-    }
-
-    /// The most tokens one speculation may append.
-    fn max_spec(self) -> usize {
-        match self {
-            Kind::Slack { max_draft, .. } => max_draft + 2,
-            _ => usize::MAX,
-        }
-    }
-
     fn rotating(self) -> bool {
         !matches!(self, Kind::Kv { .. })
     }
@@ -58,26 +28,9 @@ impl Kind {
     }
 }
 
-fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
-    let mut c = kind.new_cache();
-    if !tokens.is_empty() {
-        append(&mut c, tokens);
-    }
-    c
-}
-
 /// The invariant: `cache` and a fresh prefill of `committed` look the same to attention.
 fn check_equivalent(kind: Kind, cache: &ModelCache, committed: &[u8], probe: &[u8]) {
-    assert_eq!(cache.offset(), committed.len(), "offset");
-    let reference = fresh(kind, committed);
-    assert_eq!(logical(cache), logical(&reference), "logical window K/V");
-    let mut a = cache.deep_clone().unwrap();
-    let mut b = reference;
-    let (ra, rb) = (append(&mut a, probe), append(&mut b, probe));
-    assert!(
-        close(&attend(&ra, probe.len()), &attend(&rb, probe.len())),
-        "probe attention"
-    );
+    probe::check_equivalent(kind, cache, committed, probe, attend);
 }
 
 /// A snapshot and the model of its contents: the tokens of `[from, to)` and, for rotating
@@ -151,7 +104,7 @@ fn speculate(
         // Inside the speculation attention sees history + everything appended so far.
         let mut all = committed.clone();
         all.extend(&appended);
-        let mut reference = fresh(kind, &all);
+        let mut reference = kind.fresh(&all);
         let r = append(&mut reference, chunk);
         assert!(
             close(&attend(&a, chunk.len()), &attend(&r, chunk.len())),

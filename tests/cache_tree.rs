@@ -8,51 +8,13 @@
 mod common;
 
 use candle_core::Tensor;
-use common::probe::{append, close, kv, logical, HEAD_DIM};
+use common::probe::{self, append, attend_queries, close, kv, Kind, HEAD_DIM};
 use proptest::prelude::*;
 use specdec::cache::{
     Attend, CacheError, KvCache, LayerCache, ModelCache, RotatingKvCache, RotatingStrategy,
     TokenTree,
 };
 use specdec::Error;
-
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Kv { step: usize },
-    Staged { window: usize },
-    Slack { window: usize, max_draft: usize },
-}
-
-impl Kind {
-    fn new_cache(self) -> ModelCache {
-        let layer = match self {
-            Kind::Kv { step } => LayerCache::Kv(KvCache::new(step)),
-            Kind::Staged { window } => LayerCache::Rotating(
-                RotatingKvCache::new(window, RotatingStrategy::Staged).unwrap(),
-            ),
-            Kind::Slack { window, max_draft } => LayerCache::Rotating(
-                RotatingKvCache::new(window, RotatingStrategy::Slack { max_draft }).unwrap(),
-            ),
-        };
-        ModelCache::new(vec![layer])
-    }
-
-    /// The most tokens one speculation may append.
-    fn max_spec(self) -> usize {
-        match self {
-            Kind::Slack { max_draft, .. } => max_draft + 2,
-            _ => usize::MAX,
-        }
-    }
-}
-
-fn fresh(kind: Kind, tokens: &[u8]) -> ModelCache {
-    let mut c = kind.new_cache();
-    if !tokens.is_empty() {
-        append(&mut c, tokens);
-    }
-    c
-}
 
 /// K/V of `tokens` at the given positions (as [`kv`] encodes them).
 fn kv_at(tokens: &[u8], positions: &[usize]) -> (Tensor, Tensor) {
@@ -67,17 +29,7 @@ fn kv_at(tokens: &[u8], positions: &[usize]) -> (Tensor, Tensor) {
 
 /// softmax(q kᵀ + mask) v with the same query for every row: `[q_len * HEAD_DIM]`.
 fn attend_rows(a: &Attend, q_len: usize) -> Vec<f32> {
-    let q: Vec<f32> = (0..q_len).flat_map(|_| [1.0f32, 0.7]).collect();
-    let q = Tensor::from_vec(q, (1, 1, q_len, HEAD_DIM), &common::device()).unwrap();
-    let (k, v) = a.joined().unwrap();
-    let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
-    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
-    if let Some(m) = &a.mask_tensor().unwrap() {
-        scores = scores.broadcast_add(m).unwrap();
-    }
-    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-    let out = p.matmul(&v).unwrap();
-    out.flatten_all().unwrap().to_vec1().unwrap()
+    attend_queries(a, [1.0f32, 0.7].repeat(q_len))
 }
 
 /// The tokens of the root-to-`node` path, root first.
@@ -92,14 +44,7 @@ fn path_to(tree: &TokenTree, node: usize) -> Vec<usize> {
 
 /// The invariant: `cache` and a fresh prefill of `committed` look the same to attention.
 fn check_equivalent(kind: Kind, cache: &ModelCache, committed: &[u8], probe: &[u8]) {
-    assert_eq!(cache.offset(), committed.len(), "offset");
-    let reference = fresh(kind, committed);
-    assert_eq!(logical(cache), logical(&reference), "logical window K/V");
-    let mut a = cache.deep_clone().unwrap();
-    let mut b = reference;
-    let (ra, rb) = (append(&mut a, probe), append(&mut b, probe));
-    let (oa, ob) = (attend_rows(&ra, probe.len()), attend_rows(&rb, probe.len()));
-    assert!(close(&oa, &ob), "probe attention {oa:?} != {ob:?}");
+    probe::check_equivalent(kind, cache, committed, probe, attend_rows);
 }
 
 /// One tree speculation: `parents[i] % (i + 1)` picks node `i`'s parent (`i` = a root, else
@@ -139,7 +84,7 @@ fn tree_step(kind: Kind, cache: &mut ModelCache, committed: &mut Vec<u8>, step: 
             let mut seen = committed.clone();
             seen.extend(path_to(&tree, node).iter().map(|&i| step.tokens[i]));
             let last = seen.pop().unwrap();
-            let mut reference = fresh(kind, &seen);
+            let mut reference = kind.fresh(&seen);
             let want = attend_rows(&append(&mut reference, &[last]), 1);
             let got = &got[row * HEAD_DIM..(row + 1) * HEAD_DIM];
             assert!(close(got, &want), "node {node}: {got:?} != {want:?}");
@@ -219,7 +164,7 @@ proptest! {
 /// Bad trees and paths are refused, and the refusal leaves the cache as it was.
 #[test]
 fn bad_trees_and_paths_are_refused() {
-    let mut cache = fresh(Kind::Kv { step: 4 }, &[1, 2, 3]);
+    let mut cache = Kind::Kv { step: 4 }.fresh(&[1, 2, 3]);
     let mut spec = cache.speculate().unwrap();
     let bad = spec.extend_tree(&[None, Some(1)]);
     assert!(matches!(bad, Err(Error::Cache(CacheError::BadTree(_)))));

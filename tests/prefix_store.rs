@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::Tensor;
-use common::probe::{close, kv, HEAD_DIM};
+use common::probe::{attend_queries, close, kv, HEAD_DIM};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 use specdec::cache::{
@@ -96,20 +96,7 @@ fn attend(a: &specdec::cache::Attend, tokens: &[u32], from: usize) -> Vec<f32> {
         .enumerate()
         .flat_map(|(i, &t)| [1.0 + 0.3 * ((from + i) % 5) as f32, 0.5 + 0.2 * t as f32])
         .collect();
-    let q = Tensor::from_vec(q, (1, 1, tokens.len(), HEAD_DIM), &common::device()).unwrap();
-    let (k, v) = a.joined().unwrap();
-    let (k, v) = (k.contiguous().unwrap(), v.contiguous().unwrap());
-    let mut scores = q.matmul(&k.t().unwrap()).unwrap();
-    if let Some(m) = &a.mask_tensor().unwrap() {
-        scores = scores.broadcast_add(m).unwrap();
-    }
-    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-    p.matmul(&v)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    attend_queries(a, q)
 }
 
 #[derive(Debug, Clone)]

@@ -7,7 +7,8 @@
 //! * [`host`] — deterministic inputs, read-back to the host, relative error of two tensors.
 //! * [`decode`] — the decode-path equivalence tests' caches and token streams.
 //! * [`toy`] — a tiny one-layer attention language model over the real cache layer.
-//! * [`probe`] — K/V that encode token and position, for the cache property tests.
+//! * [`probe`] — the cache kinds, K/V that encode token and position and the fresh-prefill
+//!   invariant of the cache property tests.
 //! * [`real`] — the real GGUF checkpoints in `models/real/`, skipped with a notice when absent.
 //! * [`ring_model`] — an independent model of a rotating cache's ring.
 //! * [`distribution`] — the distribution-test harness (exact distributions, chi-square).
