@@ -305,8 +305,8 @@ pub fn gelu_mul(gate_up: &Tensor) -> Result<Option<Tensor>> {
 /// (`g / (1 + exp(-g))`, then the product, each rounded to f32), so bitwise its ops' result.
 struct CpuSiluMul;
 
-/// Elements from which [`CpuSiluMul`] splits its rows across threads (a decode or
-/// verification block stays on one).
+/// Elements from which [`CpuSiluMul`] and [`CpuRope`] spread their work across threads (a
+/// decode or verification block stays on one).
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
 
 impl candle_core::CustomOp1 for CpuSiluMul {
@@ -319,12 +319,9 @@ impl candle_core::CustomOp1 for CpuSiluMul {
         s: &candle_core::CpuStorage,
         l: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let (candle_core::CpuStorage::F32(x), Some((a, b))) = (s, l.contiguous_offsets()) else {
-            candle_core::bail!("silu-mul: a contiguous f32 input only");
-        };
+        let x = f32_slice(s, l)?;
         let (t, width) = l.shape().dims2()?;
         let inter = width / 2;
-        let x = &x[a..b];
         let mut out = vec![0f32; t * inter];
         let row = |(x, out): (&[f32], &mut [f32])| {
             let (gate, up) = x.split_at(inter);
@@ -344,6 +341,91 @@ impl candle_core::CustomOp1 for CpuSiluMul {
                 .for_each(row);
         }
         Ok((candle_core::CpuStorage::F32(out), (t, inter).into()))
+    }
+}
+
+/// candle's `rope` of `x: [1, h, t, d]` by `cos`, `sin: [t, d / 2]` (contiguous) on the CPU in
+/// f32 ([`CpuRope`]); `None` elsewhere.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Option<Tensor>> {
+    let cpu_f32 = x.device().is_cpu()
+        && x.dtype() == candle_core::DType::F32
+        && x.rank() == 4
+        && x.dim(0)? == 1
+        && [x, cos, sin].iter().all(|t| t.is_contiguous());
+    if !cpu_f32 {
+        return Ok(None);
+    }
+    Ok(Some(x.apply_op3_no_bwd(cos, sin, &CpuRope)?))
+}
+
+/// [`rope`] on the CPU: element for element candle's (`x1 c - x2 s`, `x1 s + x2 c`), so
+/// bitwise its result, but a block spreads its heads across threads only from
+/// [`PARALLEL_MIN_ELEMENTS`] (candle's sends any block of several positions to rayon, a
+/// task per head, which costs a verification block more than the rotation:
+/// docs/kernel-notes.md, "RoPE of a block on the calling thread").
+struct CpuRope;
+
+impl candle_core::CustomOp3 for CpuRope {
+    fn name(&self) -> &'static str {
+        "rope-cpu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &candle_core::CpuStorage,
+        lx: &candle_core::Layout,
+        cos: &candle_core::CpuStorage,
+        lc: &candle_core::Layout,
+        sin: &candle_core::CpuStorage,
+        ls: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let (x, cos, sin) = (f32_slice(x, lx)?, f32_slice(cos, lc)?, f32_slice(sin, ls)?);
+        let (_, h, t, d) = lx.shape().dims4()?;
+        let half = d / 2;
+        if cos.len() < t * half || sin.len() < t * half {
+            candle_core::bail!(
+                "rope: cos/sin of {} positions for {t}",
+                cos.len() / half.max(1)
+            );
+        }
+        let mut out = vec![0f32; h * t * d];
+        // One head's `[t, d]` rows.
+        let head = |(x, out): (&[f32], &mut [f32])| {
+            for ((xr, or), (c, s)) in x
+                .chunks_exact(d)
+                .zip(out.chunks_exact_mut(d))
+                .zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)))
+            {
+                let (x1, x2) = xr.split_at(half);
+                let (o1, o2) = or.split_at_mut(half);
+                for i in 0..half {
+                    o1[i] = x1[i] * c[i] - x2[i] * s[i];
+                    o2[i] = x1[i] * s[i] + x2[i] * c[i];
+                }
+            }
+        };
+        if h * t * d >= PARALLEL_MIN_ELEMENTS {
+            use rayon::prelude::*;
+            x.par_chunks_exact(t * d)
+                .zip(out.par_chunks_exact_mut(t * d))
+                .for_each(head);
+        } else {
+            x.chunks_exact(t * d)
+                .zip(out.chunks_exact_mut(t * d))
+                .for_each(head);
+        }
+        Ok((candle_core::CpuStorage::F32(out), lx.shape().clone()))
+    }
+}
+
+/// The elements of a contiguous f32 CPU tensor (the CPU ops above take no other).
+fn f32_slice<'a>(
+    s: &'a candle_core::CpuStorage,
+    l: &candle_core::Layout,
+) -> candle_core::Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (candle_core::CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => candle_core::bail!("a contiguous f32 CPU tensor only"),
     }
 }
 

@@ -122,94 +122,12 @@ impl Rope {
     }
 }
 
-/// candle's `rope` of `x: [1, h, t, d]` by `cos`, `sin: [t, d / 2]`, where an f32 block on the
-/// CPU takes [`CpuRope`] (the same arithmetic, bitwise).
+/// candle's `rope` of `x: [1, h, t, d]` by `cos`, `sin: [t, d / 2]`; an f32 block on the CPU
+/// takes [`super::fused::rope`] (the same arithmetic, bitwise).
 fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let plain = x.device().is_cpu()
-        && x.dtype() == DType::F32
-        && x.rank() == 4
-        && x.dim(0)? == 1
-        && [x, cos, sin].iter().all(|t| t.is_contiguous());
-    if plain {
-        Ok(x.apply_op3_no_bwd(cos, sin, &CpuRope)?)
-    } else {
-        Ok(candle_nn::rotary_emb::rope(x, cos, sin)?)
-    }
-}
-
-/// RoPE of an f32 block on the CPU, element for element candle's (`x1 c - x2 s`, `x1 s + x2
-/// c`), but on rayon's threads only from [`ROPE_PARALLEL_MIN`] elements: candle's runs a
-/// block of several positions as a task per head, and a verification block's dispatches (two
-/// a layer) cost more than its arithmetic (SmolLM2's 3-row block: ~0.24 ms of a step in
-/// `cpu_stages`' "q/k norm, rope, layout", against 0.08 ms for one row, which candle keeps
-/// on the calling thread).
-struct CpuRope;
-
-/// Elements from which [`CpuRope`] spreads heads across threads (a prefill's block).
-const ROPE_PARALLEL_MIN: usize = 1 << 15;
-
-impl candle_core::CustomOp3 for CpuRope {
-    fn name(&self) -> &'static str {
-        "rope-cpu"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &candle_core::CpuStorage,
-        lx: &candle_core::Layout,
-        cos: &candle_core::CpuStorage,
-        lc: &candle_core::Layout,
-        sin: &candle_core::CpuStorage,
-        ls: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage::F32;
-        let (x, cos, sin) = (f32_slice(x, lx)?, f32_slice(cos, lc)?, f32_slice(sin, ls)?);
-        let (_, h, t, d) = lx.shape().dims4()?;
-        let half = d / 2;
-        if cos.len() < t * half || sin.len() < t * half {
-            candle_core::bail!(
-                "rope: cos/sin of {} positions for {t}",
-                cos.len() / half.max(1)
-            );
-        }
-        let mut out = vec![0f32; h * t * d];
-        // One head's `[t, d]` rows.
-        let head = |(x, out): (&[f32], &mut [f32])| {
-            for ((xr, or), (c, s)) in x
-                .chunks_exact(d)
-                .zip(out.chunks_exact_mut(d))
-                .zip(cos.chunks_exact(half).zip(sin.chunks_exact(half)))
-            {
-                let (x1, x2) = xr.split_at(half);
-                let (o1, o2) = or.split_at_mut(half);
-                for i in 0..half {
-                    o1[i] = x1[i] * c[i] - x2[i] * s[i];
-                    o2[i] = x1[i] * s[i] + x2[i] * c[i];
-                }
-            }
-        };
-        if h * t * d >= ROPE_PARALLEL_MIN {
-            use rayon::prelude::*;
-            x.par_chunks_exact(t * d)
-                .zip(out.par_chunks_exact_mut(t * d))
-                .for_each(head);
-        } else {
-            x.chunks_exact(t * d)
-                .zip(out.chunks_exact_mut(t * d))
-                .for_each(head);
-        }
-        Ok((F32(out), lx.shape().clone()))
-    }
-}
-
-/// The elements of a contiguous f32 CPU tensor.
-fn f32_slice<'a>(
-    s: &'a candle_core::CpuStorage,
-    l: &candle_core::Layout,
-) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (candle_core::CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
-        _ => candle_core::bail!("rope: contiguous f32 tensors only"),
+    match super::fused::rope(x, cos, sin)? {
+        Some(out) => Ok(out),
+        None => Ok(candle_nn::rotary_emb::rope(x, cos, sin)?),
     }
 }
 
