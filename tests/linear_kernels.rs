@@ -554,3 +554,79 @@ fn row_argmax_takes_the_first_largest_value() {
         }
     }
 }
+
+/// A sandwich block's output or down product with the post-norm and the residual add after
+/// it (`Linear::forward_post_add`: on CUDA in half precision the product's last block applies
+/// them, no kernel after it), against the formula in f64, the unfused norm-then-add, and on
+/// CUDA each row equal to its one-row result bitwise.
+#[test]
+fn a_post_norm_product_matches_the_formula_and_each_row_alone() {
+    // The fold is off by default (not yet measured); no other test here reads the option.
+    let options = specdec::engine::EngineOptions {
+        post_norm_fold: true,
+        ..specdec::engine::get()
+    };
+    specdec::engine::set(options).expect("engine options");
+    let dev = device::device();
+    let (inp, out) = (96, 128);
+    let tensor = |n: usize, seed: u64, shape: (usize, usize), dtype: DType| {
+        Tensor::from_vec(values(n, seed, 1.0), shape, &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2), (DType::F16, 6e-3)] {
+        let w = tensor(out * inp, 51, (out, inp), dtype);
+        let lin = Linear::new(w.clone(), None).unwrap();
+        let (resid, post) = stream_and_norm(&dev, dtype, out);
+        let x = tensor(16 * inp, 52, (16, inp), dtype);
+        if dev.is_cuda() && dtype != DType::F32 {
+            let fold = specdec::nn::Folded::Post(&resid, post.weight(), post.eps());
+            let taken = specdec::nn::folded_gemv(&x, &w, fold, None, None).unwrap();
+            assert!(
+                taken.is_some(),
+                "{dtype:?}: the post-norm fold was not taken"
+            );
+        }
+        let rows_from = |r0: usize, rows: usize| {
+            let (xs, rs) = (
+                x.narrow(0, r0, rows).unwrap(),
+                resid.narrow(0, r0, rows).unwrap(),
+            );
+            let folded = host(&lin.forward_post_add(&xs, &rs, &post).unwrap());
+            let unfused = host(&post.add_normed(&rs, &lin.forward(&xs).unwrap()).unwrap());
+            (folded, unfused)
+        };
+        let singles: Vec<_> = (0..16).map(|r| rows_from(r, 1).0).collect();
+        let (xh, wh, rh, gh) = (host(&x), host(&w), host(&resid), host(post.weight()));
+        for rows in [1, 3, 5, 16] {
+            let (got, unfused) = rows_from(0, rows);
+            for r in 0..rows {
+                let s: Vec<f64> = (0..out)
+                    .map(|o| {
+                        (0..inp)
+                            .map(|i| xh[r * inp + i] as f64 * wh[o * inp + i] as f64)
+                            .sum()
+                    })
+                    .collect();
+                let ms = s.iter().map(|v| v * v).sum::<f64>() / out as f64;
+                let scale = 1.0 / (ms + 1e-5).sqrt();
+                for o in 0..out {
+                    let want = rh[r * out + o] as f64 + s[o] * scale * gh[o] as f64;
+                    let (g, u) = (got[r * out + o] as f64, unfused[r * out + o] as f64);
+                    // The stream is up to 4, the normed row about 1.
+                    assert!(
+                        (g - want).abs() <= tol * 8.0 && (g - u).abs() <= tol * 8.0,
+                        "{dtype:?} rows {rows}: row {r} output {o} is {g}, expected {want} (unfused {u})"
+                    );
+                }
+                if dev.is_cuda() {
+                    assert!(
+                        got[r * out..(r + 1) * out] == singles[r][..],
+                        "{dtype:?}: row {r} of {rows} rows differs from its one-row result"
+                    );
+                }
+            }
+        }
+    }
+}
