@@ -53,7 +53,7 @@ one() {  # one <binary> <dtype> [filter...]
   line=$(echo "$out" | grep -E "^test result:" | tail -1)
   [ -n "$line" ] || line="no result line (exit $rc$([ $rc -eq 124 ] && echo ": timed out"))"
   echo "$line" | tee -a "$log"
-  echo "| ${SPECDEC_TREE_IN_PLACE:+SPECDEC_TREE_IN_PLACE=$SPECDEC_TREE_IN_PLACE }${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }${SPECDEC_POST_NORM_FOLD:+SPECDEC_POST_NORM_FOLD=$SPECDEC_POST_NORM_FOLD }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
+  echo "| ${SPECDEC_TREE_IN_PLACE:+SPECDEC_TREE_IN_PLACE=$SPECDEC_TREE_IN_PLACE }${SPECDEC_RING_IN_PLACE:+SPECDEC_RING_IN_PLACE=$SPECDEC_RING_IN_PLACE }${SPECDEC_FUSED_ROPE:+SPECDEC_FUSED_ROPE=$SPECDEC_FUSED_ROPE }${SPECDEC_ATTN_WIDE_MIN_LEN:+SPECDEC_ATTN_WIDE_MIN_LEN=$SPECDEC_ATTN_WIDE_MIN_LEN }${SPECDEC_ATTN_EARLY_VALUES:+SPECDEC_ATTN_EARLY_VALUES=$SPECDEC_ATTN_EARLY_VALUES }\`$bin\` ${*:+(\`$*\`)} | $dtype | $line |" >> "$report"
   if [ $rc -ne 0 ]; then
     status=1
     echo "$out" | grep -E "panicked at|^---- |relative error|assert" | head -20 | sed 's/^/    /' >> "$report.failures"
@@ -97,9 +97,6 @@ SPECDEC_ATTN_EARLY_VALUES=0 one decode_graphs bf16
 # attends over rings in place and records their steps).
 SPECDEC_RING_IN_PLACE=0 one decode_graphs f32
 SPECDEC_RING_IN_PLACE=0 one models f32
-# A sandwich block's post-norm and residual add inside the output and down products (the
-# option is off by default until measured).
-SPECDEC_POST_NORM_FOLD=1 one decode_graphs bf16
 # Token trees on the masked product without graphs (the default records them in place).
 SPECDEC_TREE_IN_PLACE=0 one tree_graphs f32
 SPECDEC_TREE_IN_PLACE=0 one decode_graphs f32

@@ -88,10 +88,6 @@ pub struct EngineOptions {
     /// A GELU-tanh gated MLP (Gemma) applies its activation and the product with the up half
     /// in one CUDA kernel after the gate/up product (default on; off: candle's two ops).
     pub gelu_gate: bool,
-    /// A sandwich block's post-norm and the residual add after it (Gemma 3) ride in the
-    /// output and down GEMVs of a folded step, applied by each launch's last block (default
-    /// off until measured on a GPU; off: one `add_normed` kernel after each product).
-    pub post_norm_fold: bool,
     /// A recorded step's split attention with RoPE fused also applies the per-head q/k
     /// RMSNorms (Qwen3, Gemma 3) before RoPE (default on; off: two norm kernels and copies
     /// before it).
@@ -135,7 +131,6 @@ const DEFAULTS: EngineOptions = EngineOptions {
     attn_wide_min_len: 0,
     ring_in_place: true,
     gelu_gate: true,
-    post_norm_fold: false,
     qk_norm_fold: true,
     argmax_split: true,
     tree_in_place: true,
@@ -258,11 +253,10 @@ mod tests {
     #[test]
     fn keys_list_every_field() {
         let keys = EngineOptions::keys();
-        assert_eq!(keys.len(), 27);
+        assert_eq!(keys.len(), 26);
         assert!(keys.iter().any(|k| k == "queued_verify"));
         assert!(keys.iter().any(|k| k == "bias_fold"));
         assert!(keys.iter().any(|k| k == "qk_norm_fold"));
-        assert!(keys.iter().any(|k| k == "post_norm_fold"));
         assert!(keys.iter().any(|k| k == "attn_wide_min_len"));
         assert!(keys.iter().any(|k| k == "ring_in_place"));
         assert!(keys.iter().any(|k| k == "tree_in_place"));

@@ -69,19 +69,11 @@ pub(crate) enum AttnInput<'a> {
     /// `Residual`, but the output is the attention's alone (a sandwich block's post-norm
     /// comes between it and the add).
     PreNormed(&'a Tensor, &'a RmsNorm),
-    /// The residual stream `x` before `norm` (the first), folded into the q/k/v product as
-    /// with `Residual`; the output is `x + post(attention)` for a sandwich block's post-norm
-    /// `post` (the second), folded into the output product where the device can
-    /// ([`Linear::forward_post_add`]).
-    Sandwich(&'a Tensor, &'a RmsNorm, &'a RmsNorm),
 }
 
 impl AttnInput<'_> {
     fn rows(&self) -> Result<usize> {
-        let (AttnInput::Normed(x)
-        | AttnInput::Residual(x, _)
-        | AttnInput::PreNormed(x, _)
-        | AttnInput::Sandwich(x, ..)) = self;
+        let (AttnInput::Normed(x) | AttnInput::Residual(x, _) | AttnInput::PreNormed(x, _)) = self;
         Ok(x.dim(0)?)
     }
 }
@@ -196,11 +188,6 @@ impl Attention {
                 let (r, t) = (out.dim(0)?, x.dim(0)?);
                 self.o.forward_add(out, &x.narrow(0, t - r, r)?)?
             }
-            AttnInput::Sandwich(x, _, post) => {
-                let (r, t) = (out.dim(0)?, x.dim(0)?);
-                self.o
-                    .forward_post_add(out, &x.narrow(0, t - r, r)?, post)?
-            }
         };
         profile::mark("output projection", &out)?;
         Ok(out)
@@ -218,9 +205,9 @@ impl Attention {
         let t = input.rows()?;
         let qkv = match input {
             AttnInput::Normed(x) => self.qkv.forward(x)?,
-            AttnInput::Residual(x, norm)
-            | AttnInput::PreNormed(x, norm)
-            | AttnInput::Sandwich(x, norm, _) => self.qkv.forward_prenorm(x, norm)?,
+            AttnInput::Residual(x, norm) | AttnInput::PreNormed(x, norm) => {
+                self.qkv.forward_prenorm(x, norm)?
+            }
         };
         profile::mark("qkv projection", &qkv)?;
         // Views with rows `(h + 2 kv) d` apart, never copies: a reshape of a narrowed block

@@ -43,11 +43,9 @@ impl Block {
     /// residual stream itself to the products, which fold in the norms before them and the
     /// residual adds after them (no norm or add kernel between them); a pre-norm block then
     /// returns the stream. A sandwich block (Gemma 3) folds its pre-norms (and its gate's
-    /// activation) into the products the same way, and each post-norm with the add after it
-    /// into the output and down products (their last block; with the engine option
-    /// `post_norm_fold` off, one kernel after each). Everything else normalises first and
-    /// returns the stream and the MLP's output un-added, for the next norm to add in the same
-    /// kernel.
+    /// activation) into the products the same way, and runs each post-norm with the add after
+    /// it as one kernel. Everything else normalises first and returns the stream and the
+    /// MLP's output un-added, for the next norm to add in the same kernel.
     pub(super) fn forward_with(
         &self,
         input: Input,
@@ -64,11 +62,11 @@ impl Block {
                 Input::Residual((x, h)) => (x + h)?,
             };
             if let Some((attn_post, mlp_post)) = sandwich {
-                let x = attend(
-                    &self.attn,
-                    AttnInput::Sandwich(&x, &self.attn_norm, attn_post),
-                )?;
-                let x = self.mlp.forward_sandwich(&x, &self.mlp_norm, mlp_post)?;
+                let h = attend(&self.attn, AttnInput::PreNormed(&x, &self.attn_norm))?;
+                let x = attn_post.add_normed(&x, &h)?;
+                profile::mark("norms, residual adds", &x)?;
+                let h = self.mlp.forward_prenorm(&x, &self.mlp_norm)?;
+                let x = mlp_post.add_normed(&x, &h)?;
                 profile::mark("norms, residual adds", &x)?;
                 return Ok(Input::Stream(x));
             }

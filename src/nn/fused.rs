@@ -196,14 +196,9 @@ pub enum Folded<'a> {
     Norm(&'a Tensor, f32),
     /// The residual stream `[rows, out]` the product is added to.
     Resid(&'a Tensor),
-    /// The residual stream `[rows, out]` the product is added to after a sandwich block's
-    /// post-norm (weight `[out]`, epsilon): `resid + rmsnorm(x wᵀ) ⊙ weight` (the engine
-    /// option `post_norm_fold`; no gate, no bias).
-    Post(&'a Tensor, &'a Tensor, f32),
 }
 
-/// `norm(x) wᵀ` ([`Folded::Norm`]), `resid + x wᵀ` ([`Folded::Resid`]) or
-/// `resid + rmsnorm(x wᵀ) ⊙ g` ([`Folded::Post`]) for a few rows `x:
+/// `norm(x) wᵀ` ([`Folded::Norm`]) or `resid + x wᵀ` ([`Folded::Resid`]) for a few rows `x:
 /// [rows, in]` in one CUDA tensor-core GEMV (bf16 / f16), with a `gate` the gated MLP's
 /// fused gate/up product `act(x gᵀ) * (x uᵀ)` of [`silu_gate_gemv`] (norm only; GELU under
 /// the engine option `gelu_gate`): no norm or add kernel runs
@@ -222,21 +217,18 @@ pub fn folded_gemv(
 ) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
-        use super::cuda::{bias_fits, fold_applies, post_fits, Fold, FoldedGemv};
-        let (aux, norm, fold, post) = match fold {
-            Folded::Norm(g, eps) => (g, true, Fold::Norm { eps }, None),
-            Folded::Resid(r) => (r, false, Fold::Resid, None),
-            Folded::Post(r, g, eps) => (r, false, Fold::Post { eps }, Some(g)),
+        use super::cuda::{bias_fits, fold_applies, Fold, FoldedGemv};
+        let (aux, norm, fold) = match fold {
+            Folded::Norm(g, eps) => (g, true, Fold::Norm { eps }),
+            Folded::Resid(r) => (r, false, Fold::Resid),
         };
         let x = x.contiguous()?;
-        let post_ok = post.is_none_or(|g| gate.is_none() && bias.is_none() && post_fits(w, aux, g));
-        if post_ok && fold_applies(&x, w, aux, gate, norm) {
+        if fold_applies(&x, w, aux, gate, norm) {
             let inside = bias.filter(|b| bias_fits(b, w, gate));
             let op = FoldedGemv {
                 gate,
                 fold,
                 bias: inside.cloned(),
-                post: post.cloned(),
             };
             let y = made(x.apply_op3_no_bwd(w, aux, &op)?);
             return Ok(Some(match (bias, inside) {

@@ -161,19 +161,6 @@ impl Linear {
         }
     }
 
-    /// `resid + post(x Wᵀ)` (no bias) for a sandwich block's post-norm `post`: on CUDA the
-    /// norm and the add ride in the GEMV (its last block, [`super::fused::Folded::Post`]),
-    /// elsewhere [`RmsNorm::add_normed`] after the product; `resid: [t, out]`.
-    pub fn forward_post_add(&self, x: &Tensor, resid: &Tensor, post: &RmsNorm) -> Result<Tensor> {
-        if self.bias.is_none() && !self.is_quantized() {
-            let fold = super::fused::Folded::Post(resid, post.weight(), post.eps());
-            if let Some(y) = super::fused::folded_gemv(x, &self.weight, fold, None, None)? {
-                return Ok(y);
-            }
-        }
-        post.add_normed(resid, &self.forward(x)?)
-    }
-
     /// `resid + x Wᵀ` (no bias) with the add in the GEMV's epilogue on CUDA
     /// ([`super::fused::folded_gemv`]); `resid: [t, out]`.
     pub fn forward_add(&self, x: &Tensor, resid: &Tensor) -> Result<Tensor> {

@@ -151,39 +151,20 @@ impl GatedMlp {
     /// GELU-tanh) ride in the gate/up GEMV ([`super::fused::folded_gemv`]); elsewhere the norm
     /// runs first.
     pub fn forward_prenorm(&self, x: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
-        self.forward_folded(x, norm, None)
-    }
-
-    /// `x + post(mlp(norm(x)))` for a sandwich block's residual stream `x: [t, hidden]`: as
-    /// [`Self::forward_prenorm`], with the post-norm and the residual add folded into the
-    /// down product where the device can ([`Linear::forward_post_add`]).
-    pub fn forward_sandwich(&self, x: &Tensor, norm: &RmsNorm, post: &RmsNorm) -> Result<Tensor> {
-        self.forward_folded(x, norm, Some(post))
-    }
-
-    /// [`Self::forward_prenorm`] (`post` none) or [`Self::forward_sandwich`].
-    fn forward_folded(&self, x: &Tensor, norm: &RmsNorm, post: Option<&RmsNorm>) -> Result<Tensor> {
         if let (Some(gate), None, Some(w)) =
             (self.act.gate(), self.gate_up.bias(), self.gate_up.weight())
         {
             let fold = super::fused::Folded::Norm(norm.weight(), norm.eps());
             if let Some(h) = super::fused::folded_gemv(x, w, fold, Some(gate), None)? {
                 profile::mark("gate/up projection", &h)?;
-                let out = match post {
-                    Some(post) => self.down.forward_post_add(&h, x, post)?,
-                    None => self.down.forward(&h)?,
-                };
+                let out = self.down.forward(&h)?;
                 profile::mark("down projection", &out)?;
                 return Ok(out);
             }
         }
         let normed = norm.forward(x)?;
         profile::mark("norms, residual adds", &normed)?;
-        let out = self.forward(&normed)?;
-        match post {
-            Some(post) => post.add_normed(x, &out),
-            None => Ok(out),
-        }
+        self.forward(&normed)
     }
 
     /// Parameters held.

@@ -59,11 +59,6 @@ pub enum Fold {
     /// The third input is the residual stream `[rows, out]`: `y = resid + x wᵀ`, each
     /// rounded to the dtype as `add_rmsnorm` rounds its sum.
     Resid,
-    /// The third input is the residual stream `[rows, out]` and [`FoldedGemv::post`] a
-    /// sandwich block's post-norm weight `[out]`: `y = resid + rmsnorm(x wᵀ) ⊙ post`, the
-    /// norm rounded to the dtype, then the sum (`add_normed`'s arithmetic, its sum of squares
-    /// in another order), by the launch's last block (`GEMV_POST` in gemv.cu).
-    Post { eps: f32 },
 }
 
 /// [`Gemv`] with a [`Fold`]: inputs `x`, `w` and the fold's tensor (a
@@ -74,12 +69,10 @@ pub struct FoldedGemv {
     /// `[out]` added to each rounded output as a separate add would add it (Qwen2's q/k/v
     /// biases; without a gate only: [`bias_fits`]).
     pub bias: Option<Tensor>,
-    /// The post-norm weight `[out]` of [`Fold::Post`] (contiguous, 16-byte aligned).
-    pub post: Option<Tensor>,
 }
 
 impl FoldedGemv {
-    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType + 'static>(
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
         &self,
         dev: &CudaDevice,
         name: &str,
@@ -105,18 +98,13 @@ impl FoldedGemv {
             ),
             None => None,
         };
-        let guard = self.post.as_ref().map(|p| p.storage_and_layout());
-        let post = match &guard {
-            Some(g) => Some(super::op::view::<T>(g, "post-norm weight")?),
-            None => None,
-        };
         gemv.launch(
             dev,
             name,
             x,
             w,
             Some((&aux.slice(a0..a1), al.dims(), self.fold)),
-            (bias.as_ref(), post.as_ref()),
+            bias.as_ref(),
         )
     }
 }
@@ -124,14 +112,14 @@ impl FoldedGemv {
 float_op3!(FoldedGemv, "folded-gemv");
 
 impl Gemv {
-    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType + 'static>(
+    fn launch<T: DeviceRepr + candle_core::cuda_backend::CudaDType>(
         &self,
         dev: &CudaDevice,
         name: &str,
         (x, xl): (&CudaSlice<T>, &Layout),
         (w, wl): (&CudaSlice<T>, &Layout),
         fold: Option<(&CudaView<'_, T>, &[usize], Fold)>,
-        (bias, post): (Option<&CudaView<'_, T>>, Option<&CudaView<'_, T>>),
+        bias: Option<&CudaView<'_, T>>,
     ) -> candle_core::Result<(CudaSlice<T>, Shape)> {
         let (Some((x0, x1)), Some((w0, w1))) = (xl.contiguous_offsets(), wl.contiguous_offsets())
         else {
@@ -175,16 +163,6 @@ impl Gemv {
                 Fold::Resid if self.gate.is_none() && dims == [rows, out] => {
                     ("resid_", Some(aux), 0.0)
                 }
-                // Whole 16-byte vectors of each row of the residual and of the weight.
-                Fold::Post { eps }
-                    if self.gate.is_none()
-                        && bias.is_none()
-                        && dims == [rows, out]
-                        && out.is_multiple_of(8)
-                        && post.is_some_and(|p| p.len() >= out) =>
-                {
-                    ("post_", Some(aux), eps)
-                }
                 _ => candle_core::bail!(
                     "gemv: folded input {dims:?} does not fit {fold:?} for x {xd:?}, w {wd:?}"
                 ),
@@ -192,13 +170,6 @@ impl Gemv {
         };
         // SAFETY: written in full by either kernel.
         let y = unsafe { super::op::out_alloc::<T>(dev, rows * out)? };
-        // GEMV_POST's output (y is then its products' scratch). SAFETY: written in full by
-        // the launch's last block.
-        let xout = if mode == "post_" {
-            Some(unsafe { super::op::out_alloc::<T>(dev, rows * out)? })
-        } else {
-            None
-        };
         let (x, w) = (x.slice(x0..x1), w.slice(w0..w1));
         if tensor_cores {
             let nt = rows.div_ceil(8);
@@ -246,10 +217,6 @@ impl Gemv {
                 Some(b) => l.ptr(b),
                 None => l.null(),
             };
-            match (post, &xout) {
-                (Some(p), Some(xo)) => l.ptr(p).ptr(xo),
-                _ => l.null().null(),
-            };
             // GEMV_NORM stages the norm weight (`in` elements) in shared memory.
             let shared_mem_bytes = if mode == "norm_" {
                 (inp * std::mem::size_of::<T>()) as u32
@@ -263,15 +230,8 @@ impl Gemv {
             };
             // SAFETY: matches `gemv_tc`; `in` is a multiple of the 32-input chunk, rows and
             // outputs past the ends are clamped on load and never written; a folded input
-            // has the length its mode reads (checked above), a bias `out` elements, a
-            // post-norm weight `out` (a multiple of 8) in whole 16-byte vectors.
+            // has the length its mode reads (checked above), a bias `out` elements.
             unsafe { l.run(cfg) }?;
-            if let Some(xout) = xout {
-                // The products are scratch: freed after the launch (stream order), or kept
-                // to the end of a recording.
-                super::graph_edges::keep_scratch(y);
-                return Ok((xout, Shape::from((rows, out))));
-            }
             return Ok((y, Shape::from((rows, out))));
         }
         if fold.is_some() || bias.is_some() {
@@ -316,15 +276,15 @@ impl candle_core::CustomOp2 for Gemv {
         let dev = x.device();
         let (slice, shape) = match (&x.slice, &w.slice) {
             (CudaStorageSlice::BF16(x), CudaStorageSlice::BF16(w)) => {
-                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl), None, (None, None))?;
+                let (y, s) = self.launch(dev, "bf16", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::BF16(y), s)
             }
             (CudaStorageSlice::F16(x), CudaStorageSlice::F16(w)) => {
-                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl), None, (None, None))?;
+                let (y, s) = self.launch(dev, "f16", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::F16(y), s)
             }
             (CudaStorageSlice::F32(x), CudaStorageSlice::F32(w)) => {
-                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl), None, (None, None))?;
+                let (y, s) = self.launch(dev, "f32", (x, xl), (w, wl), None, None)?;
                 (CudaStorageSlice::F32(y), s)
             }
             _ => candle_core::bail!("gemv: x and w must share a float dtype"),
@@ -424,22 +384,6 @@ pub fn fold_applies(x: &Tensor, w: &Tensor, aux: &Tensor, gate: Option<Gate>, no
         gate.is_none() && aux.dims() == [x.dims()[0], w.dims()[0]]
     };
     products && o.gemv_fold && fits && aux.dtype() == x.dtype() && aux.is_contiguous()
-}
-
-/// True when [`FoldedGemv`] with [`Fold::Post`] takes the post-norm weight `post` for the
-/// product with `w: [out, in]` and the residual `resid: [rows, out]`: the engine option
-/// `post_norm_fold`, `out` a multiple of 8, `post` a contiguous `[out]` and both starting on
-/// a 16-byte boundary (the last block reads them in whole vectors).
-pub fn post_fits(w: &Tensor, resid: &Tensor, post: &Tensor) -> bool {
-    let vector = 16 / post.dtype().size_in_bytes().max(1);
-    let out = w.dims().first().copied().unwrap_or(0);
-    crate::engine::get().post_norm_fold
-        && out.is_multiple_of(8)
-        && post.dims() == [out]
-        && post.dtype() == w.dtype()
-        && post.is_contiguous()
-        && post.layout().start_offset().is_multiple_of(vector)
-        && resid.layout().start_offset().is_multiple_of(vector)
 }
 
 /// True when [`FoldedGemv`] adds `bias` in its epilogue for the product with `w` under

@@ -130,61 +130,11 @@ GEMV_ROWS(__half, f16)
 //   way (docs/kernel-notes.md, "GEMV folds").
 // - GEMV_RESID: y = round(aux + round(w . x)), the residual add after the product, in the
 //   arithmetic of `add_rmsnorm`'s sum (aux: [rows, out], the residual stream).
-// - GEMV_POST: a sandwich block's post-norm and the residual add after it (Gemma 3): y is
-//   scratch for the rounded products s = round(w . x), and the last block of the launch to
-//   finish (a count in `gemv_done`, reset for the next launch) writes
-//   xout = aux + round(s r pw) per row, r = rsqrt(mean(s^2) + eps) (aux: [rows, out], the
-//   residual stream; pw: [out], the post-norm's weight), in `add_normed`'s arithmetic
-//   (elementwise.cu) but for the order of the sum of squares (one warp a row, lanes
-//   strided): no norm kernel between this product and the next. One launch at a time per
-//   device (the stream's order; every launch waits in `pdl_begin` before counting).
 // `bias` ([out], or null; not gated): added to each rounded product as a separate add of
 // two 16-bit tensors adds (`__hadd`): y = round(w . x) + b, Qwen2's q/k/v biases.
 // `in` is a multiple of 32. Grid: x = ceil(out / 16) (GATED: ceil(out / 8)). Block:
 // WARPS * 32.
-constexpr int GEMV_PLAIN = 0, GEMV_NORM = 1, GEMV_RESID = 2, GEMV_POST = 3;
-__device__ unsigned int gemv_done;
-
-// GEMV_POST's rows (see above), by the launch's last block: warp w takes rows w, w + WARPS,
-// ... of s ([rows, out], written by every block of the launch: read through the L2).
-// `out` is a multiple of 8 (16-byte vectors).
-template <typename T, int WARPS>
-__device__ void post_add_rows(const T *s, const T *__restrict__ x, const T *__restrict__ pw,
-                              T *__restrict__ xout, int rows, int out, float eps) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nv = out / 8;
-  for (int r = warp; r < rows; r += WARPS) {
-    const uint4 *sr = reinterpret_cast<const uint4 *>(s + (long)r * out);
-    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (long)r * out);
-    const uint4 *wr = reinterpret_cast<const uint4 *>(pw);
-    uint4 *orow = reinterpret_cast<uint4 *>(xout + (long)r * out);
-    float ss = 0.f;
-#pragma unroll 8
-    for (int i = lane; i < nv; i += 32) {
-      const uint4 v = __ldcg(sr + i);
-      const T *pv = reinterpret_cast<const T *>(&v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float f = to_f32(pv[e]);
-        ss += f * f;
-      }
-    }
-    const float scale = rsqrtf(warp_sum(ss) / out + eps);
-#pragma unroll 4
-    for (int i = lane; i < nv; i += 32) {
-      const uint4 v = __ldcg(sr + i), a = xr[i], g = __ldg(wr + i);
-      const T *pv = reinterpret_cast<const T *>(&v), *pa = reinterpret_cast<const T *>(&a),
-              *pg = reinterpret_cast<const T *>(&g);
-      uint4 o;
-      T *po = reinterpret_cast<T *>(&o);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float n = to_f32(from_f32<T>(to_f32(pv[e]) * scale * to_f32(pg[e])));
-        po[e] = from_f32<T>(to_f32(pa[e]) + n);
-      }
-      orow[i] = o;
-    }
-  }
-}
+constexpr int GEMV_PLAIN = 0, GEMV_NORM = 1, GEMV_RESID = 2;
 constexpr int GATE_NONE = 0, GATE_SILU = 1, GATE_GELU = 2;
 // Eight elements times eight, each product rounded once (as from_f32(to_f32(a) * to_f32(b)):
 // the product of two 16-bit floats is exact in f32).
@@ -213,8 +163,7 @@ constexpr int GEMV_TC_UNROLL = 4;
 template <typename T, int NT, int WARPS, int GATE, int V, int MODE>
 __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
                         int rows, int in, int out, const T *__restrict__ aux, float eps,
-                        const T *__restrict__ bias, const T *__restrict__ pw,
-                        T *__restrict__ xout) {
+                        const T *__restrict__ bias) {
   constexpr bool GATED = GATE != GATE_NONE;
   constexpr int U = GEMV_TC_UNROLL / V;  // chunks in flight per warp
   constexpr int CH = 32 * V;
@@ -354,20 +303,6 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
       y[at] = MODE == GEMV_RESID ? from_f32<T>(to_f32(aux[at]) + to_f32(p)) : p;
     }
   }
-  if constexpr (MODE == GEMV_POST) {
-    // The last block to finish sees every block's products (each fenced before it counts).
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(&gemv_done, 1u) == gridDim.x - 1;
-      if (last) gemv_done = 0u;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    post_add_rows<T, WARPS>(y, aux, pw, xout, rows, out, eps);
-  }
 }
 
 // One-tile blocks of 8 or 16 warps are held to 64 registers a thread (two 16-warp blocks or
@@ -377,16 +312,15 @@ __device__ void gemv_tc(const T *__restrict__ x, const T *__restrict__ w, T *__r
 #define GEMV_TC1(NAME, T, NT, W, GATE, V, MODE)                                               \
   extern "C" __global__ void __launch_bounds__(W * 32, NT == 1 && W < 32 ? 1024 / (W * 32) : 1) \
       NAME(const T *x, const T *w, T *y, int rows, int in, int out, const T *aux, float eps,   \
-           const T *bias, const T *pw, T *xout) {                                              \
-    gemv_tc<T, NT, W, GATE, V, MODE>(x, w, y, rows, in, out, aux, eps, bias, pw, xout);        \
+           const T *bias) {                                                                    \
+    gemv_tc<T, NT, W, GATE, V, MODE>(x, w, y, rows, in, out, aux, eps, bias);                  \
   }
-// Kernel names: gemv_tc_[silu_|gelu_][norm_|resid_|post_]<dtype>_n<NT>_w<W>_v<V> (GELU-gated
-// with the norm folded only: Gemma's MLP in a folded step).
+// Kernel names: gemv_tc_[silu_|gelu_][norm_|resid_]<dtype>_n<NT>_w<W>_v<V> (GELU-gated with
+// the norm folded only: Gemma's MLP in a folded step).
 #define GEMV_TC_M(T, NAME, NT, W, V)                                                           \
   GEMV_TC1(gemv_tc_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_PLAIN)           \
   GEMV_TC1(gemv_tc_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_NORM)       \
   GEMV_TC1(gemv_tc_resid_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_RESID)     \
-  GEMV_TC1(gemv_tc_post_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_NONE, V, GEMV_POST)       \
   GEMV_TC1(gemv_tc_silu_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_SILU, V, GEMV_PLAIN)      \
   GEMV_TC1(gemv_tc_silu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_SILU, V, GEMV_NORM)  \
   GEMV_TC1(gemv_tc_gelu_norm_##NAME##_n##NT##_w##W##_v##V, T, NT, W, GATE_GELU, V, GEMV_NORM)

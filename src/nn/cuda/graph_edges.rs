@@ -42,9 +42,8 @@ pub(crate) fn enabled() -> bool {
 #[derive(Default)]
 struct Capture {
     kept: Vec<Tensor>,
-    /// Scratch buffers of our kernels (split attention's partial sums, a post-norm GEMV's
-    /// products): device allocations of any element type, freed when dropped.
-    scratch: Vec<Box<dyn std::any::Any>>,
+    /// Scratch buffers of our kernels (split attention's partial sums).
+    scratch: Vec<CudaSlice<f32>>,
     /// The capture's dependencies set aside by [`before_alloc`], until [`before_launch`].
     set_aside: Option<Vec<usize>>,
 }
@@ -77,9 +76,9 @@ pub(crate) fn keep(t: &Tensor) {
 
 /// Frees a scratch buffer one of our kernels used: at once outside a capture, at its end
 /// (see [`finish`]) inside one.
-pub(crate) fn keep_scratch<T: 'static>(b: CudaSlice<T>) {
+pub(crate) fn keep_scratch(b: CudaSlice<f32>) {
     CAPTURE.with_borrow_mut(|c| match c {
-        Some(c) => c.scratch.push(Box::new(b)),
+        Some(c) => c.scratch.push(b),
         None => drop(b),
     });
 }

@@ -33,8 +33,8 @@ pub use attention::{
 };
 pub(crate) use commit::{commit_path_rows, commit_rings, PathCopy, RingCommit};
 pub use dense::{
-    add_rmsnorm_applies, bias_fits, fold_applies, folds, gemv_applies, post_fits,
-    silu_gate_applies, AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
+    add_rmsnorm_applies, bias_fits, fold_applies, folds, gemv_applies, silu_gate_applies,
+    AddRmsNorm, Fold, FoldedGemv, GateMul, Gemv,
 };
 pub(crate) use launch::pdl;
 pub use launch::{kernel_trace, TraceRecord};
