@@ -206,9 +206,19 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const T *xr = is_q ? q + (h0 + item) * q_head_stride + row * q_row_stride
                          : rope.k_new + (item - HB) * rope.k_row + (long)blockIdx.y * D;
       float ss = 0.f;
-      for (int e = lane; e < D; e += 32) {
-        const float f = to_f32(xr[e]);
-        ss += f * f;
+      if constexpr (E >= 8) {
+        // d = 256: all of the lane's loads in flight at once (one round trip; the unroll
+        // would cost the d = 128 four-head kernels registers), summed in the same order.
+#pragma unroll
+        for (int e = lane; e < D; e += 32) {
+          const float f = to_f32(xr[e]);
+          ss += f * f;
+        }
+      } else {
+        for (int e = lane; e < D; e += 32) {
+          const float f = to_f32(xr[e]);
+          ss += f * f;
+        }
       }
       ss = warp_sum(ss);
       if (lane == 0) {
@@ -257,6 +267,10 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       const float c = to_f32(rope.cos[pp * HALF + f]);
       const float sn = to_f32(rope.sin[pp * HALF + f]);
       const T *x = rope.k_new + n * rope.k_row + (long)blockIdx.y * D;
+      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
+      // The value's loads beside the key's, before any store (a load may not move past a
+      // store that might alias it): one round trip.
+      const T v1 = vn[f], v2 = vn[f + HALF];
       float x1 = to_f32(x[f]), x2 = to_f32(x[f + HALF]);
       if (qk_norm) {
         x1 = normed(x1, kscale[n], rope.kn, f);
@@ -265,10 +279,9 @@ __device__ void attn_split(const T *__restrict__ q, const T *__restrict__ k,
       T *o = rope.kw + blockIdx.y * wstride + (long)slot * D;
       o[f] = from_f32<T>(x1 * c - x2 * sn);
       o[f + HALF] = from_f32<T>(x1 * sn + x2 * c);
-      const T *vn = rope.v_new + n * rope.v_row + (long)blockIdx.y * D;
       T *w = rope.vw + blockIdx.y * wstride + (long)slot * D;
-      w[f] = vn[f];
-      w[f + HALF] = vn[f + HALF];
+      w[f] = v1;
+      w[f + HALF] = v2;
     }
   }
   __syncthreads();

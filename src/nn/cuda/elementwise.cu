@@ -183,7 +183,7 @@ __device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
                            const T *__restrict__ w, T *__restrict__ out, int h, float eps) {
   constexpr int VEC = 16 / sizeof(T);
   const int nvec = h / VEC;
-  uint4 wv[NORM_VECS], yv[NORM_VECS];
+  uint4 wv[NORM_VECS], xv[NORM_VECS], yv[NORM_VECS];
   load_norm_weight(w, nvec, wv);
   pdl_begin();
   const long row = blockIdx.x;
@@ -191,10 +191,12 @@ __device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
   const uint4 *yr = reinterpret_cast<const uint4 *>(y + row * h);
   uint4 *orow = reinterpret_cast<uint4 *>(out + row * h);
   float ss = 0.f;
+  // x loads beside y (one round trip before the reduction, none after it).
 #pragma unroll
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < nvec) {
+      xv[k] = xr[i];
       yv[k] = yr[i];
       const T *py = reinterpret_cast<const T *>(&yv[k]);
 #pragma unroll
@@ -209,8 +211,7 @@ __device__ void add_normed(const T *__restrict__ x, const T *__restrict__ y,
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
     if (i < nvec) {
-      const uint4 a = xr[i];
-      const T *pa = reinterpret_cast<const T *>(&a), *py = reinterpret_cast<const T *>(&yv[k]),
+      const T *pa = reinterpret_cast<const T *>(&xv[k]), *py = reinterpret_cast<const T *>(&yv[k]),
               *pw = reinterpret_cast<const T *>(&wv[k]);
       uint4 o;
       T *po = reinterpret_cast<T *>(&o);
